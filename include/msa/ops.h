@@ -1,0 +1,74 @@
+// The entry points. Each validates its arguments (cheap checks always; a deep scan of the index
+// tensors with RunOptions::validate) and dispatches on the device of its tensors: CPU tensors run
+// the reference backend, CUDA tensors the GPU kernels. Shapes (the contract, docs/architecture.md):
+//
+//   q            [total_q, Hq, D]                     bf16 / fp16 (fp32 on the CPU backend)
+//   k, v         [num_pages, Hkv, page_size, D|Dv]    any strides, innermost dim contiguous
+//   page table   dense [B, max_pages] or flat [n] + indptr [B+1]       int32
+//   block_idx    [total_q, Hkv, topk]                 int32, any strides (sglang's [Hkv, T, topk]
+//                                                     is the same tensor permuted); -1 = empty slot
+//   o            [total_q, Hq, Dv]                    q's dtype
+//   lse          [total_q, Hq]                        fp32, natural log; -inf for empty rows
+#pragma once
+
+#include <cstdint>
+
+#include "msa/plan.h"
+#include "msa/tensor.h"
+
+namespace msa {
+
+struct PageTable {
+  TensorView table;   // int32: dense [B, max_pages], or flat [n] when indptr is given
+  TensorView indptr;  // int32 [B+1]: request b's pages are table[indptr[b] : indptr[b+1]]
+};
+
+// Per-request lengths, on the device the call runs on (read at run time).
+struct Sequences {
+  TensorView qo_indptr;  // int32 [B+1], cu_seqlens_q; qo_indptr[0] == 0
+  TensorView kv_lens;    // int32 [B], keys [0, kv_len) exist
+  TensorView qo_offset;  // int32 [B], optional: absolute position of the first query; default kv_len - qo_len
+};
+
+struct RunOptions {
+  float sm_scale = 0.0f;   // 0: head_dim ** -0.5
+  void* stream = nullptr;  // cudaStream_t for CUDA tensors; ignored on the CPU
+  bool validate = false;   // deep check: scan page table / block indexes and report the first bad entry
+};
+
+enum class ScoreLayout { kHKT, kTHK };  // [H, max_blocks, T] or [T, H, max_blocks]
+
+// Sparse attention when block_idx is given (plan.config().topk > 0), dense paged attention when not.
+void attention(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v,
+               const PageTable& pages, const Sequences& seqs, const TensorView& block_idx, const TensorView& o,
+               const TensorView& lse = {}, const RunOptions& opts = {});
+
+// Indexer step 1: out[.., h, blk, t] = max over the visible keys j of block blk of raw q[t, h] . k[j, h / (H/Hk)]
+// (causal, j < kv_len), -inf where the block has no visible key.
+//   q [T, H, D]; k_index [num_pages, Hk, page_size, D] (bf16/fp16, or fp8 e4m3 with k_scale
+//   [num_pages, Hk, page_size] fp32 per token); out fp32 in `layout`, max_blocks >= ceil(max kv_len / 128).
+void block_scores(const TensorView& q, const TensorView& k_index, const TensorView& k_scale, const PageTable& pages,
+                  const Sequences& seqs, const TensorView& out, ScoreLayout layout, bool causal = true,
+                  const RunOptions& opts = {});
+
+// Indexer step 2 (contract §4): per (token, head) row of scores, the topk best causally valid blocks,
+// first force_begin and last force_end valid blocks always kept, NaN lowest, ties to the lower index,
+// written ascending with -1 at the tail into out [T, H, topk] (int32, any strides).
+void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& seqs, int topk, int force_begin,
+                 int force_end, const TensorView& out, bool causal = true, const RunOptions& opts = {});
+
+// Merge S partial attention states by their LSEs: v_parts [S, T, H, Dv] (fp32 or q dtype), lse_parts [S, T, H]
+// fp32 -> o [T, H, Dv], lse_out [T, H] (optional). A part with lse = -inf contributes nothing.
+void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const TensorView& o,
+                  const TensorView& lse_out = {}, const RunOptions& opts = {});
+
+// Page table from a serving engine's token-to-slot map: out[b, p] = req_to_token[req_pool_indices[b], p * page_size]
+// / page_size for p < ceil(seq_lens[b] / page_size), -1 for the rest of the row.
+//   req_to_token [R, max_context] int32; req_pool_indices [B], seq_lens [B] int32 or int64; out [B, max_pages] int32.
+void build_page_table(const TensorView& req_to_token, const TensorView& req_pool_indices, const TensorView& seq_lens,
+                      int page_size, const TensorView& out, const RunOptions& opts = {});
+
+// True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.
+bool cuda_available();
+
+}  // namespace msa

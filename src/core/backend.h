@@ -1,0 +1,43 @@
+// The two backends behind the dispatch point. src/core/dispatch.cpp validates every call, turns
+// TensorViews into the plain params of params.h and calls exactly one of these namespaces,
+// chosen by the device of the tensors.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/params.h"
+#include "msa/plan.h"
+
+namespace msa::detail {
+
+// Backend-owned plan state (work lists, workspaces). The CPU backend needs none.
+struct PlanState {
+  virtual ~PlanState() = default;
+};
+
+namespace reference {  // src/reference/: the contract, plainly written, threaded over (token, head)
+void attention(const AttentionParams& p);
+void block_scores(const BlockScoresParams& p);
+void select_topk(const SelectTopkParams& p);
+void merge_states(const MergeParams& p);
+void build_page_table(const PageTableBuildParams& p);
+}  // namespace reference
+
+namespace cuda {  // src/cuda/: defined when built with CUDA, otherwise stubs that throw kNotImplemented
+bool available();                // a device of compute capability >= 8.0 is visible
+bool compiled();                 // this build has the CUDA backend
+int sm_count(int device);
+int compute_capability(int device);  // major * 10 + minor
+// Workspaces and work lists for a plan on a CUDA device; never synchronizes.
+std::shared_ptr<PlanState> make_plan_state(const Plan& plan);
+void attention(const Plan& plan, const AttentionParams& p, void* stream);
+void block_scores(const BlockScoresParams& p, void* stream);
+void select_topk(const SelectTopkParams& p, void* stream);
+void merge_states(const MergeParams& p, void* stream);
+void build_page_table(const PageTableBuildParams& p, void* stream);
+// Deep validation helper: synchronous copy of device memory to the host.
+void copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
+}  // namespace cuda
+
+}  // namespace msa::detail

@@ -1,0 +1,116 @@
+#include "core/checks.h"
+
+#include <algorithm>
+
+#include "core/backend.h"
+#include "msa/error.h"
+
+namespace msa::detail {
+
+namespace {
+std::string dtype_list(std::initializer_list<DType> allowed) {
+  std::string s;
+  size_t i = 0;
+  for (DType d : allowed) {
+    if (i) s += (i + 1 == allowed.size()) ? " or " : ", ";
+    s += dtype_name(d);
+    ++i;
+  }
+  return s;
+}
+}  // namespace
+
+const ArgCheck& ArgCheck::present() const {
+  MSA_CHECK(t.defined(), kValue, fn, ": argument '", name, "' is required");
+  MSA_CHECK(t.data() != nullptr || t.numel() == 0, kValue, fn, ": argument '", name, "': null data pointer for ",
+            t.numel(), " elements");
+  return *this;
+}
+
+const ArgCheck& ArgCheck::dtype(std::initializer_list<DType> allowed) const {
+  for (DType d : allowed)
+    if (t.dtype() == d) return *this;
+  MSA_FAIL(kType, fn, ": argument '", name, "': expected dtype ", dtype_list(allowed), ", got ", dtype_name(t.dtype()));
+}
+
+const ArgCheck& ArgCheck::ndim(int n, const char* dims) const {
+  MSA_CHECK(t.ndim() == n, kValue, fn, ": argument '", name, "': expected ", n, " dimensions ", dims, ", got ",
+            t.ndim(), " (shape ", t.shape_str(), ")");
+  return *this;
+}
+
+const ArgCheck& ArgCheck::size(int dim, int64_t expected, const char* what) const {
+  MSA_CHECK(t.size(dim) == expected, kValue, fn, ": argument '", name, "': expected shape[", dim, "] (", what,
+            ") = ", expected, ", got ", t.size(dim), " (shape ", t.shape_str(), ")");
+  return *this;
+}
+
+const ArgCheck& ArgCheck::size_at_least(int dim, int64_t expected, const char* what) const {
+  MSA_CHECK(t.size(dim) >= expected, kValue, fn, ": argument '", name, "': expected shape[", dim, "] (", what,
+            ") >= ", expected, ", got ", t.size(dim), " (shape ", t.shape_str(), ")");
+  return *this;
+}
+
+const ArgCheck& ArgCheck::device(Device d) const {
+  MSA_CHECK(t.device() == d, kValue, fn, ": argument '", name, "': expected a tensor on ", device_name(d), ", got ",
+            device_name(t.device()));
+  return *this;
+}
+
+const ArgCheck& ArgCheck::inner_contiguous() const {
+  MSA_CHECK(t.ndim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1, kValue, fn, ": argument '", name,
+            "': expected the innermost dimension contiguous (stride 1), got strides ", t.strides_str());
+  return *this;
+}
+
+const ArgCheck& ArgCheck::nonneg_strides() const {
+  for (int i = 0; i < t.ndim(); ++i)
+    MSA_CHECK(t.stride(i) >= 0, kValue, fn, ": argument '", name, "': expected non-negative strides, got ",
+              t.strides_str());
+  return *this;
+}
+
+const ArgCheck& ArgCheck::aligned(int bytes) const {
+  const int eb = dtype_bytes(t.dtype());
+  MSA_CHECK(reinterpret_cast<uintptr_t>(t.data()) % bytes == 0, kValue, fn, ": argument '", name,
+            "': the CUDA kernels need a ", bytes, "-byte aligned data pointer");
+  for (int i = 0; i + 1 < t.ndim(); ++i)
+    MSA_CHECK(t.size(i) <= 1 || (t.stride(i) * eb) % bytes == 0, kValue, fn, ": argument '", name,
+              "': the CUDA kernels need every outer stride to be a multiple of ", bytes, " bytes, got strides ",
+              t.strides_str(), " (elements of ", eb, " bytes)");
+  return *this;
+}
+
+ScalarType scalar_type(DType t) {
+  switch (t) {
+    case DType::kF32: return ScalarType::kF32;
+    case DType::kF16: return ScalarType::kF16;
+    case DType::kBF16: return ScalarType::kBF16;
+    case DType::kF8E4M3: return ScalarType::kF8E4M3;
+    default: MSA_FAIL(kType, "msa: dtype ", dtype_name(t), " is not a floating-point tensor type");
+  }
+}
+
+HostInts::HostInts(const TensorView& t, void* stream) {
+  if (!t.defined()) return;
+  defined_ = true;
+  i64_ = t.dtype() == DType::kI64;
+  const int eb = i64_ ? 8 : 4;
+  for (int i = 0; i < t.ndim() && i < 3; ++i) strides_[i] = t.stride(i);
+  if (t.device().type == DeviceType::kCPU || t.numel() == 0) {
+    base_ = static_cast<const char*>(t.data());
+    return;
+  }
+  int64_t span = 1;
+  for (int i = 0; i < t.ndim(); ++i) span += (t.size(i) - 1) * t.stride(i);
+  storage_.resize(static_cast<size_t>(span) * eb);
+  cuda::copy_to_host(storage_.data(), t.data(), storage_.size(), stream);
+  base_ = storage_.data();
+}
+
+int64_t HostInts::at(int64_t i0, int64_t i1, int64_t i2) const {
+  const int64_t off = i0 * strides_[0] + i1 * strides_[1] + i2 * strides_[2];
+  return i64_ ? reinterpret_cast<const int64_t*>(base_)[off] : reinterpret_cast<const int32_t*>(base_)[off];
+}
+
+}  // namespace msa::detail

@@ -1,0 +1,56 @@
+// Argument checks shared by the entry points. Each throws msa::Error whose message names the
+// entry point, the argument, the expectation and what was passed.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core/params.h"
+#include "msa/tensor.h"
+
+namespace msa::detail {
+
+struct ArgCheck {
+  const char* fn;    // "msa.attention"
+  const char* name;  // "q"
+  const TensorView& t;
+
+  const ArgCheck& present() const;
+  const ArgCheck& dtype(std::initializer_list<DType> allowed) const;
+  // ndim with the dims' names for the message, e.g. "[total_q, num_qo_heads, head_dim]".
+  const ArgCheck& ndim(int n, const char* dims) const;
+  const ArgCheck& size(int dim, int64_t expected, const char* what) const;
+  const ArgCheck& size_at_least(int dim, int64_t expected, const char* what) const;
+  const ArgCheck& device(Device d) const;
+  const ArgCheck& inner_contiguous() const;
+  const ArgCheck& nonneg_strides() const;
+  // Data pointer and every stride but the innermost a multiple of `bytes` (vector loads on the GPU).
+  const ArgCheck& aligned(int bytes) const;
+};
+
+inline ArgCheck arg(const char* fn, const char* name, const TensorView& t) { return ArgCheck{fn, name, t}; }
+
+ScalarType scalar_type(DType t);
+
+// Host-readable copy of an integer tensor (CPU: a view; CUDA: a synchronous copy of its span).
+class HostInts {
+ public:
+  HostInts() = default;
+  HostInts(const TensorView& t, void* stream);
+  bool empty() const { return !defined_; }
+  // Element at a multi-index (up to 3 dims), widened to int64.
+  int64_t at(int64_t i0, int64_t i1 = 0, int64_t i2 = 0) const;
+
+ private:
+  bool defined_ = false;
+  bool i64_ = false;
+  const char* base_ = nullptr;
+  std::vector<char> storage_;
+  int64_t strides_[3] = {0, 0, 0};
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace msa::detail

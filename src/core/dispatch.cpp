@@ -1,0 +1,537 @@
+// The front door: every public entry point validates its arguments (contract §6), converts the
+// TensorViews into the plain params of params.h, and dispatches on the tensors' device.
+//
+// Checks on tensor metadata (rank, dtype, device, shape, strides) always run. Checks on values
+// (lengths, page-table extents) run whenever the values are host-readable (CPU tensors) and, for
+// CUDA tensors, only with RunOptions::validate, because reading device lengths would synchronize
+// and break CUDA-graph capture. The deep scan of index entries (page ids, block ids, duplicates)
+// runs with validate on either device. Kernels never read out of bounds whatever the values.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/checks.h"
+#include "msa/error.h"
+#include "msa/ops.h"
+
+namespace msa {
+
+using namespace detail;
+
+namespace {
+
+constexpr int kBlock = 128;
+
+bool on_cuda(const TensorView& t) { return t.device().is_cuda(); }
+
+CacheParams cache_params(const TensorView& t) {
+  CacheParams c;
+  c.data = t.data();
+  c.stride_page = t.stride(0);
+  c.stride_head = t.stride(1);
+  c.stride_token = t.stride(2);
+  c.num_heads = static_cast<int32_t>(t.size(1));
+  c.page_size = static_cast<int32_t>(t.size(2));
+  c.dim = static_cast<int32_t>(t.size(3));
+  return c;
+}
+
+SeqParams seq_params(const char* fn, const Sequences& s, int64_t B, Device dev, int64_t total_q) {
+  arg(fn, "qo_indptr", s.qo_indptr).present().dtype({DType::kI32}).ndim(1, "[batch_size + 1]")
+      .size(0, B + 1, "batch_size + 1").device(dev);
+  arg(fn, "kv_lens", s.kv_lens).present().dtype({DType::kI32}).ndim(1, "[batch_size]")
+      .size(0, B, "batch_size").device(dev);
+  MSA_CHECK(s.qo_indptr.stride(0) == 1 && s.kv_lens.stride(0) == 1, kValue, fn,
+            ": arguments 'qo_indptr' and 'kv_lens': expected contiguous, got strides ", s.qo_indptr.strides_str(),
+            " and ", s.kv_lens.strides_str());
+  SeqParams p;
+  p.batch_size = static_cast<int32_t>(B);
+  p.total_q = total_q;
+  p.qo_indptr = s.qo_indptr.data_as<const int32_t>();
+  p.kv_lens = s.kv_lens.data_as<const int32_t>();
+  if (s.qo_offset.defined()) {
+    arg(fn, "qo_offset", s.qo_offset).present().dtype({DType::kI32}).ndim(1, "[batch_size]")
+        .size(0, B, "batch_size").device(dev);
+    MSA_CHECK(s.qo_offset.stride(0) == 1, kValue, fn, ": argument 'qo_offset': expected contiguous, got strides ",
+              s.qo_offset.strides_str());
+    p.qo_offset = s.qo_offset.data_as<const int32_t>();
+  }
+  return p;
+}
+
+PageTableParams page_params(const char* fn, const PageTable& pt, int64_t B, Device dev, int64_t num_pages) {
+  PageTableParams p;
+  p.num_pages = static_cast<int32_t>(num_pages);
+  if (pt.indptr.defined()) {
+    arg(fn, "page_table", pt.table).present().dtype({DType::kI32}).ndim(1, "[num_page_entries] (flat form)")
+        .device(dev).nonneg_strides();
+    arg(fn, "page_indptr", pt.indptr).present().dtype({DType::kI32}).ndim(1, "[batch_size + 1]")
+        .size(0, B + 1, "batch_size + 1").device(dev);
+    MSA_CHECK(pt.table.stride(0) == 1 && pt.indptr.stride(0) == 1, kValue, fn,
+              ": arguments 'page_table' and 'page_indptr': expected contiguous, got strides ",
+              pt.table.strides_str(), " and ", pt.indptr.strides_str());
+    p.table = pt.table.data_as<const int32_t>();
+    p.indptr = pt.indptr.data_as<const int32_t>();
+    p.row_capacity = pt.table.size(0);
+  } else {
+    arg(fn, "page_table", pt.table).present().dtype({DType::kI32}).ndim(2, "[batch_size, max_pages] (dense form)")
+        .size_at_least(0, B, "batch_size").device(dev).nonneg_strides();
+    MSA_CHECK(pt.table.size(1) <= 1 || pt.table.stride(1) == 1, kValue, fn,
+              ": argument 'page_table': expected contiguous rows (stride 1 along pages), got strides ",
+              pt.table.strides_str());
+    p.table = pt.table.data_as<const int32_t>();
+    p.row_stride = pt.table.stride(0);
+    p.row_capacity = pt.table.size(1);
+  }
+  return p;
+}
+
+// Host copies of the sequence tensors (views on the CPU, copies with validate on CUDA).
+struct HostSeqs {
+  HostInts qo_indptr, kv_lens, qo_offset;
+  int64_t qo_start(int64_t b) const { return qo_indptr.at(b); }
+  int64_t qo_len(int64_t b) const { return qo_indptr.at(b + 1) - qo_indptr.at(b); }
+  int64_t kv_len(int64_t b) const { return kv_lens.at(b); }
+  int64_t offset(int64_t b) const { return qo_offset.empty() ? kv_len(b) - qo_len(b) : qo_offset.at(b); }
+};
+
+HostSeqs host_seqs(const Sequences& s, void* stream) {
+  return HostSeqs{HostInts(s.qo_indptr, stream), HostInts(s.kv_lens, stream),
+                  s.qo_offset.defined() ? HostInts(s.qo_offset, stream) : HostInts()};
+}
+
+// Value checks of lengths: indptr monotone within total_q, kv_lens >= 0, causal offsets.
+void check_seq_values(const char* fn, const HostSeqs& h, int64_t B, int64_t total_q, bool causal,
+                      const Plan* plan) {
+  MSA_CHECK(h.qo_indptr.at(0) == 0, kValue, fn, ": argument 'qo_indptr': expected qo_indptr[0] = 0, got ",
+            h.qo_indptr.at(0));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ql = h.qo_len(b), kl = h.kv_len(b);
+    MSA_CHECK(ql >= 0, kValue, fn, ": argument 'qo_indptr': expected non-decreasing, got qo_indptr[", b, "] = ",
+              h.qo_indptr.at(b), " > qo_indptr[", b + 1, "] = ", h.qo_indptr.at(b + 1));
+    MSA_CHECK(kl >= 0, kValue, fn, ": argument 'kv_lens': expected >= 0, got ", kl, " at request ", b);
+    const int64_t off = h.offset(b);
+    if (causal)
+      MSA_CHECK(off >= 0 && off + ql <= kl, kValue, fn, ": argument '",
+                h.qo_offset.empty() ? "kv_lens" : "qo_offset",
+                "': expected qo_offset + qo_len <= kv_len and qo_offset >= 0 for causal attention, got qo_offset = ",
+                off, ", qo_len = ", ql, ", kv_len = ", kl, " at request ", b);
+    else
+      MSA_CHECK(off >= 0, kValue, fn, ": argument 'qo_offset': expected >= 0, got ", off, " at request ", b);
+    if (plan && plan->phase() == Phase::kDecode)
+      MSA_CHECK(ql <= plan->max_qo_len(), kValue, fn, ": argument 'qo_indptr': request ", b, " has ", ql,
+                " query tokens, more than the plan's max_qo_len = ", plan->max_qo_len());
+    if (plan && plan->phase() == Phase::kPrefill) {
+      MSA_CHECK(ql == plan->qo_lens()[b] && kl == plan->kv_lens()[b], kValue, fn,
+                ": arguments 'qo_indptr'/'kv_lens': request ", b, " has qo_len = ", ql, ", kv_len = ", kl,
+                " but the prefill plan was built for qo_len = ", plan->qo_lens()[b], ", kv_len = ",
+                plan->kv_lens()[b]);
+    }
+  }
+  MSA_CHECK(h.qo_indptr.at(B) <= total_q, kValue, fn, ": argument 'qo_indptr': expected qo_indptr[batch_size] <= ",
+            total_q, " (tokens in q), got ", h.qo_indptr.at(B));
+}
+
+// Page-table extent (every existing key has a row entry) and, when deep, the entries themselves.
+void check_page_values(const char* fn, const PageTable& pt, const PageTableParams& p, const HostSeqs& h,
+                       int64_t B, int64_t page_size, bool deep, void* stream) {
+  HostInts table(pt.table, stream);
+  HostInts indptr = pt.indptr.defined() ? HostInts(pt.indptr, stream) : HostInts();
+  if (!indptr.empty()) {
+    MSA_CHECK(indptr.at(0) >= 0, kValue, fn, ": argument 'page_indptr': expected page_indptr[0] >= 0, got ",
+              indptr.at(0));
+    for (int64_t b = 0; b < B; ++b)
+      MSA_CHECK(indptr.at(b + 1) >= indptr.at(b), kValue, fn, ": argument 'page_indptr': expected non-decreasing, ",
+                "got page_indptr[", b, "] = ", indptr.at(b), " > page_indptr[", b + 1, "] = ", indptr.at(b + 1));
+    MSA_CHECK(indptr.at(B) <= p.row_capacity, kValue, fn, ": argument 'page_indptr': expected page_indptr[",
+              B, "] <= ", p.row_capacity, " (entries in page_table), got ", indptr.at(B));
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t need = ceil_div(h.kv_len(b), page_size);
+    const int64_t have = indptr.empty() ? p.row_capacity : indptr.at(b + 1) - indptr.at(b);
+    MSA_CHECK(need <= have, kValue, fn, ": argument 'page_table': request ", b, " has kv_len = ", h.kv_len(b),
+              " (", need, " pages of ", page_size, " tokens) but its page-table row holds ", have, " entries");
+    if (!deep) continue;
+    const int64_t base = indptr.empty() ? 0 : indptr.at(b);
+    for (int64_t i = 0; i < need; ++i) {
+      const int64_t e = indptr.empty() ? table.at(b, i) : table.at(base + i);
+      MSA_CHECK(e >= 0 && e < p.num_pages, kValue, fn, ": argument 'page_table': request ", b, ", logical page ",
+                i, ": expected a page id in [0, ", p.num_pages, "), got ", e);
+    }
+  }
+}
+
+// Deep scan of block indexes: each non-negative entry < ceil(kv_len / 128), no duplicate in a row.
+void check_block_idx_values(const char* fn, const TensorView& bi, const HostSeqs& h, int64_t B, void* stream) {
+  HostInts v(bi, stream);
+  const int64_t heads = bi.size(1), topk = bi.size(2);
+  std::vector<int64_t> row(static_cast<size_t>(topk));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t nblk = ceil_div(h.kv_len(b), kBlock);
+    for (int64_t t = h.qo_start(b); t < h.qo_start(b) + h.qo_len(b); ++t)
+      for (int64_t g = 0; g < heads; ++g) {
+        int64_t n = 0;
+        for (int64_t i = 0; i < topk; ++i) {
+          const int64_t e = v.at(t, g, i);
+          if (e < 0) continue;
+          MSA_CHECK(e < nblk, kValue, fn, ": argument 'block_idx': token ", t, ", head ", g, ", slot ", i,
+                    ": block ", e, " is out of range for kv_len = ", h.kv_len(b), " (", nblk, " blocks)");
+          row[n++] = e;
+        }
+        std::sort(row.begin(), row.begin() + n);
+        for (int64_t i = 1; i < n; ++i)
+          MSA_CHECK(row[i] != row[i - 1], kValue, fn, ": argument 'block_idx': token ", t, ", head ", g,
+                    ": block ", row[i], " is selected twice");
+      }
+  }
+}
+
+float resolve_scale(const char* fn, float s, int head_dim) {
+  if (s == 0.f) return 1.0f / std::sqrt(static_cast<float>(head_dim));
+  MSA_CHECK(std::isfinite(s), kValue, fn, ": argument 'sm_scale': expected a finite number, got ", s);
+  return s;
+}
+
+void check_cuda_ready(const char* fn, Device d) {
+  if (!d.is_cuda()) return;
+  MSA_CHECK(cuda::compiled(), kNotImplemented, fn,
+            ": CUDA tensors passed, but this build of msa has no CUDA backend (rebuild with nvcc on the PATH)");
+}
+
+}  // namespace
+
+bool cuda_available() { return cuda::compiled() && cuda::available(); }
+
+void attention(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v, const PageTable& pages,
+               const Sequences& seqs, const TensorView& block_idx, const TensorView& o, const TensorView& lse,
+               const RunOptions& opts) {
+  const char* fn = "msa.attention";
+  MSA_CHECK(plan.valid(), kValue, fn, ": argument 'plan': expected a plan from plan_prefill or plan_decode");
+  const AttentionConfig& c = plan.config();
+  const Device dev = plan.device();
+  const bool gpu = dev.is_cuda();
+  check_cuda_ready(fn, dev);
+  const auto float_types = gpu ? std::initializer_list<DType>{DType::kBF16, DType::kF16}
+                               : std::initializer_list<DType>{DType::kBF16, DType::kF16, DType::kF32};
+  arg(fn, "q", q).present().dtype(float_types).ndim(3, "[total_q, num_qo_heads, head_dim]").device(dev)
+      .size(1, c.num_qo_heads, "num_qo_heads").size(2, c.head_dim, "head_dim").inner_contiguous().nonneg_strides();
+  const int64_t total_q = q.size(0);
+  if (plan.phase() == Phase::kPrefill)
+    arg(fn, "q", q).size(0, plan.total_q(), "total_q of the prefill plan");
+  else
+    MSA_CHECK(total_q <= plan.total_q(), kValue, fn, ": argument 'q': expected shape[0] (total_q) <= ",
+              plan.total_q(), " (batch_size * max_qo_len of the decode plan), got ", total_q);
+  arg(fn, "k", k).present().dtype({q.dtype()}).ndim(4, "[num_pages, num_kv_heads, page_size, head_dim]").device(dev)
+      .size(1, c.num_kv_heads, "num_kv_heads").size(2, c.page_size, "page_size").size(3, c.head_dim, "head_dim")
+      .inner_contiguous().nonneg_strides();
+  arg(fn, "v", v).present().dtype({q.dtype()}).ndim(4, "[num_pages, num_kv_heads, page_size, head_dim_v]")
+      .device(dev).size(0, k.size(0), "num_pages, as k").size(1, c.num_kv_heads, "num_kv_heads")
+      .size(2, c.page_size, "page_size").size(3, c.dv(), "head_dim_v").inner_contiguous().nonneg_strides();
+  arg(fn, "o", o).present().dtype({q.dtype()}).ndim(3, "[total_q, num_qo_heads, head_dim_v]").device(dev)
+      .size(0, total_q, "total_q").size(1, c.num_qo_heads, "num_qo_heads").size(2, c.dv(), "head_dim_v")
+      .inner_contiguous().nonneg_strides();
+  if (lse.defined())
+    arg(fn, "lse", lse).present().dtype({DType::kF32}).ndim(2, "[total_q, num_qo_heads]").device(dev)
+        .size(0, total_q, "total_q").size(1, c.num_qo_heads, "num_qo_heads").nonneg_strides();
+  if (c.topk > 0) {
+    MSA_CHECK(block_idx.defined(), kValue, fn, ": argument 'block_idx' is required: the plan is sparse (topk = ",
+              c.topk, ")");
+    arg(fn, "block_idx", block_idx).present().dtype({DType::kI32}).ndim(3, "[total_q, num_kv_heads, topk]")
+        .device(dev).size(0, total_q, "total_q").size(1, c.num_kv_heads, "num_kv_heads").size(2, c.topk, "topk")
+        .nonneg_strides();
+  } else {
+    MSA_CHECK(!block_idx.defined(), kValue, fn,
+              ": argument 'block_idx': the plan is dense (topk = 0); build it with topk > 0 for sparse attention");
+  }
+  if (gpu) {
+    for (auto [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}})
+      arg(fn, name, *t).aligned(16);
+  }
+  const int64_t B = plan.batch_size();
+  AttentionParams p;
+  p.dtype = scalar_type(q.dtype());
+  p.q = q.data();
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.num_qo_heads = c.num_qo_heads;
+  p.num_kv_heads = c.num_kv_heads;
+  p.group_size = c.group_size();
+  p.head_dim = c.head_dim;
+  p.head_dim_v = c.dv();
+  p.k = cache_params(k);
+  p.v = cache_params(v);
+  p.pages = page_params(fn, pages, B, dev, k.size(0));
+  p.seqs = seq_params(fn, seqs, B, dev, total_q);
+  if (c.topk > 0) {
+    p.block_idx = block_idx.data_as<const int32_t>();
+    p.bi_stride_token = block_idx.stride(0);
+    p.bi_stride_head = block_idx.stride(1);
+    p.bi_stride_k = block_idx.stride(2);
+    p.topk = c.topk;
+  }
+  p.block_size = c.block_size;
+  p.causal = c.causal;
+  p.sm_scale = resolve_scale(fn, opts.sm_scale, c.head_dim);
+  p.o = o.data();
+  p.o_stride_token = o.stride(0);
+  p.o_stride_head = o.stride(1);
+  if (lse.defined()) {
+    p.lse = lse.data_as<float>();
+    p.lse_stride_token = lse.stride(0);
+    p.lse_stride_head = lse.stride(1);
+  }
+  p.max_qo_len = plan.max_qo_len();
+  p.max_kv_len = plan.max_kv_len();
+
+  if (!gpu || opts.validate) {
+    HostSeqs h = host_seqs(seqs, opts.stream);
+    check_seq_values(fn, h, B, total_q, c.causal, &plan);
+    check_page_values(fn, pages, p.pages, h, B, c.page_size, opts.validate, opts.stream);
+    if (opts.validate && c.topk > 0) check_block_idx_values(fn, block_idx, h, B, opts.stream);
+  }
+  if (total_q == 0) return;
+  if (gpu)
+    cuda::attention(plan, p, opts.stream);
+  else
+    reference::attention(p);
+}
+
+void block_scores(const TensorView& q, const TensorView& k_index, const TensorView& k_scale, const PageTable& pages,
+                  const Sequences& seqs, const TensorView& out, ScoreLayout layout, bool causal,
+                  const RunOptions& opts) {
+  const char* fn = "msa.block_scores";
+  const Device dev = q.device();
+  const bool gpu = dev.is_cuda();
+  check_cuda_ready(fn, dev);
+  const auto float_types = gpu ? std::initializer_list<DType>{DType::kBF16, DType::kF16}
+                               : std::initializer_list<DType>{DType::kBF16, DType::kF16, DType::kF32};
+  arg(fn, "q", q).present().dtype(float_types).ndim(3, "[total_q, num_heads, head_dim]").inner_contiguous()
+      .nonneg_strides();
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
+  arg(fn, "k_index", k_index).present().ndim(4, "[num_pages, num_k_heads, page_size, head_dim]").device(dev)
+      .size(3, D, "head_dim, as q").inner_contiguous().nonneg_strides();
+  const bool fp8 = k_index.dtype() == DType::kF8E4M3;
+  if (fp8) {
+    arg(fn, "k_scale", k_scale).present().dtype({DType::kF32}).ndim(3, "[num_pages, num_k_heads, page_size]")
+        .device(dev).size(0, k_index.size(0), "num_pages, as k_index").size(1, k_index.size(1), "num_k_heads")
+        .size(2, k_index.size(2), "page_size").nonneg_strides();
+  } else {
+    arg(fn, "k_index", k_index).dtype({q.dtype(), DType::kF8E4M3});
+    MSA_CHECK(!k_scale.defined(), kValue, fn, ": argument 'k_scale': only used with float8_e4m3fn k_index, got k_index ",
+              dtype_name(k_index.dtype()));
+  }
+  const int64_t Hk = k_index.size(1);
+  MSA_CHECK(Hk >= 1 && H % Hk == 0, kValue, fn, ": argument 'k_index': expected shape[1] (num_k_heads) to divide ",
+            "num_heads = ", H, ", got ", Hk);
+  const int64_t B = seqs.kv_lens.defined() ? seqs.kv_lens.size(0) : 0;
+  MSA_CHECK(B >= 1, kValue, fn, ": argument 'kv_lens': expected at least one request");
+  arg(fn, "out", out).present().dtype({DType::kF32}).device(dev).nonneg_strides();
+  int64_t max_blocks;
+  BlockScoresParams p;
+  if (layout == ScoreLayout::kHKT) {
+    arg(fn, "out", out).ndim(3, "[num_heads, max_blocks, total_q] (HKT)").size(0, H, "num_heads").size(2, T, "total_q");
+    max_blocks = out.size(1);
+    p.out_stride_head = out.stride(0);
+    p.out_stride_block = out.stride(1);
+    p.out_stride_token = out.stride(2);
+  } else {
+    arg(fn, "out", out).ndim(3, "[total_q, num_heads, max_blocks] (THK)").size(0, T, "total_q").size(1, H, "num_heads");
+    max_blocks = out.size(2);
+    p.out_stride_token = out.stride(0);
+    p.out_stride_head = out.stride(1);
+    p.out_stride_block = out.stride(2);
+  }
+  if (gpu) {
+    arg(fn, "q", q).aligned(16);
+    arg(fn, "k_index", k_index).aligned(16);
+  }
+  p.q_dtype = scalar_type(q.dtype());
+  p.k_dtype = scalar_type(k_index.dtype());
+  p.q = q.data();
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.num_heads = static_cast<int32_t>(H);
+  p.head_dim = static_cast<int32_t>(D);
+  p.k = cache_params(k_index);
+  if (fp8) {
+    p.k_scale = k_scale.data_as<const float>();
+    p.ks_stride_page = k_scale.stride(0);
+    p.ks_stride_head = k_scale.stride(1);
+    p.ks_stride_token = k_scale.stride(2);
+  }
+  p.pages = page_params(fn, pages, B, dev, k_index.size(0));
+  p.seqs = seq_params(fn, seqs, B, dev, T);
+  p.causal = causal;
+  p.out = out.data_as<float>();
+  p.max_blocks = static_cast<int32_t>(max_blocks);
+  if (!gpu || opts.validate) {
+    HostSeqs h = host_seqs(seqs, opts.stream);
+    check_seq_values(fn, h, B, T, causal, nullptr);
+    for (int64_t b = 0; b < B; ++b)
+      MSA_CHECK(ceil_div(h.kv_len(b), kBlock) <= max_blocks, kValue, fn, ": argument 'out': request ", b,
+                " has kv_len = ", h.kv_len(b), " (", ceil_div(h.kv_len(b), kBlock),
+                " blocks) but out holds max_blocks = ", max_blocks);
+    check_page_values(fn, pages, p.pages, h, B, k_index.size(2), opts.validate, opts.stream);
+  }
+  if (T == 0 || max_blocks == 0) return;
+  if (gpu)
+    cuda::block_scores(p, opts.stream);
+  else
+    reference::block_scores(p);
+}
+
+void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& seqs, int topk, int force_begin,
+                 int force_end, const TensorView& out, bool causal, const RunOptions& opts) {
+  const char* fn = "msa.select_topk";
+  const Device dev = scores.device();
+  const bool gpu = dev.is_cuda();
+  check_cuda_ready(fn, dev);
+  arg(fn, "scores", scores).present().dtype({DType::kF32}).nonneg_strides();
+  SelectTopkParams p;
+  int64_t T, H, NB;
+  if (layout == ScoreLayout::kHKT) {
+    arg(fn, "scores", scores).ndim(3, "[num_heads, max_blocks, total_q] (HKT)");
+    H = scores.size(0), NB = scores.size(1), T = scores.size(2);
+    p.s_stride_head = scores.stride(0), p.s_stride_block = scores.stride(1), p.s_stride_token = scores.stride(2);
+  } else {
+    arg(fn, "scores", scores).ndim(3, "[total_q, num_heads, max_blocks] (THK)");
+    T = scores.size(0), H = scores.size(1), NB = scores.size(2);
+    p.s_stride_token = scores.stride(0), p.s_stride_head = scores.stride(1), p.s_stride_block = scores.stride(2);
+  }
+  const int max_topk = gpu ? 64 : 1 << 20;
+  MSA_CHECK(topk >= 1 && topk <= max_topk, kValue, fn, ": argument 'topk': expected 1..", max_topk, ", got ", topk);
+  MSA_CHECK(force_begin >= 0, kValue, fn, ": argument 'force_begin_blocks': expected >= 0, got ", force_begin);
+  MSA_CHECK(force_end >= 0, kValue, fn, ": argument 'force_end_blocks': expected >= 0, got ", force_end);
+  MSA_CHECK(force_begin + force_end <= topk, kValue, fn,
+            ": arguments 'force_begin_blocks' + 'force_end_blocks': expected <= topk = ", topk, ", got ",
+            force_begin + force_end);
+  arg(fn, "out", out).present().dtype({DType::kI32}).ndim(3, "[total_q, num_heads, topk]").device(dev)
+      .size(0, T, "total_q").size(1, H, "num_heads").size(2, topk, "topk").nonneg_strides();
+  const int64_t B = seqs.kv_lens.defined() ? seqs.kv_lens.size(0) : 0;
+  MSA_CHECK(B >= 1, kValue, fn, ": argument 'kv_lens': expected at least one request");
+  p.scores = scores.data_as<const float>();
+  p.num_heads = static_cast<int32_t>(H);
+  p.max_blocks = static_cast<int32_t>(NB);
+  p.seqs = seq_params(fn, seqs, B, dev, T);
+  p.topk = topk;
+  p.force_begin = force_begin;
+  p.force_end = force_end;
+  p.causal = causal;
+  p.out = out.data_as<int32_t>();
+  p.out_stride_token = out.stride(0);
+  p.out_stride_head = out.stride(1);
+  p.out_stride_k = out.stride(2);
+  if (!gpu || opts.validate) {
+    HostSeqs h = host_seqs(seqs, opts.stream);
+    check_seq_values(fn, h, B, T, causal, nullptr);
+    for (int64_t b = 0; b < B; ++b)
+      MSA_CHECK(ceil_div(h.kv_len(b), kBlock) <= NB, kValue, fn, ": argument 'scores': request ", b,
+                " has kv_len = ", h.kv_len(b), " (", ceil_div(h.kv_len(b), kBlock), " blocks) but scores hold ",
+                "max_blocks = ", NB);
+  }
+  if (T == 0) return;
+  if (gpu)
+    cuda::select_topk(p, opts.stream);
+  else
+    reference::select_topk(p);
+}
+
+void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const TensorView& o, const TensorView& lse_out,
+                  const RunOptions& opts) {
+  const char* fn = "msa.merge_states";
+  const Device dev = v_parts.device();
+  const bool gpu = dev.is_cuda();
+  check_cuda_ready(fn, dev);
+  arg(fn, "v_parts", v_parts).present().dtype({DType::kF32, DType::kBF16, DType::kF16})
+      .ndim(4, "[num_splits, total_q, num_heads, head_dim]").inner_contiguous().nonneg_strides();
+  const int64_t S = v_parts.size(0), T = v_parts.size(1), H = v_parts.size(2), D = v_parts.size(3);
+  arg(fn, "lse_parts", lse_parts).present().dtype({DType::kF32}).ndim(3, "[num_splits, total_q, num_heads]")
+      .device(dev).size(0, S, "num_splits").size(1, T, "total_q").size(2, H, "num_heads").nonneg_strides();
+  arg(fn, "o", o).present().dtype({DType::kF32, DType::kBF16, DType::kF16}).ndim(3, "[total_q, num_heads, head_dim]")
+      .device(dev).size(0, T, "total_q").size(1, H, "num_heads").size(2, D, "head_dim").inner_contiguous()
+      .nonneg_strides();
+  if (lse_out.defined())
+    arg(fn, "lse_out", lse_out).present().dtype({DType::kF32}).ndim(2, "[total_q, num_heads]").device(dev)
+        .size(0, T, "total_q").size(1, H, "num_heads").nonneg_strides();
+  MergeParams p;
+  p.v_dtype = scalar_type(v_parts.dtype());
+  p.o_dtype = scalar_type(o.dtype());
+  p.v = v_parts.data();
+  p.v_stride_split = v_parts.stride(0), p.v_stride_token = v_parts.stride(1), p.v_stride_head = v_parts.stride(2);
+  p.lse = lse_parts.data_as<const float>();
+  p.lse_stride_split = lse_parts.stride(0), p.lse_stride_token = lse_parts.stride(1);
+  p.lse_stride_head = lse_parts.stride(2);
+  p.num_splits = static_cast<int32_t>(S);
+  p.num_heads = static_cast<int32_t>(H);
+  p.head_dim = static_cast<int32_t>(D);
+  p.num_tokens = T;
+  p.o = o.data();
+  p.o_stride_token = o.stride(0), p.o_stride_head = o.stride(1);
+  if (lse_out.defined()) {
+    p.lse_out = lse_out.data_as<float>();
+    p.lse_out_stride_token = lse_out.stride(0), p.lse_out_stride_head = lse_out.stride(1);
+  }
+  if (T == 0 || H == 0) return;
+  if (gpu)
+    cuda::merge_states(p, opts.stream);
+  else
+    reference::merge_states(p);
+}
+
+void build_page_table(const TensorView& req_to_token, const TensorView& req_pool_indices, const TensorView& seq_lens,
+                      int page_size, const TensorView& out, const RunOptions& opts) {
+  const char* fn = "msa.build_page_table";
+  const Device dev = req_to_token.device();
+  const bool gpu = dev.is_cuda();
+  check_cuda_ready(fn, dev);
+  arg(fn, "req_to_token", req_to_token).present().dtype({DType::kI32}).ndim(2, "[pool_size, max_context]")
+      .nonneg_strides();
+  arg(fn, "req_pool_indices", req_pool_indices).present().dtype({DType::kI32, DType::kI64}).ndim(1, "[batch_size]")
+      .device(dev);
+  const int64_t B = req_pool_indices.size(0);
+  arg(fn, "seq_lens", seq_lens).present().dtype({DType::kI32, DType::kI64}).ndim(1, "[batch_size]").device(dev)
+      .size(0, B, "batch_size");
+  MSA_CHECK(page_size > 0, kValue, fn, ": argument 'page_size': expected > 0, got ", page_size);
+  arg(fn, "out", out).present().dtype({DType::kI32}).ndim(2, "[batch_size, max_pages]").device(dev)
+      .size(0, B, "batch_size").nonneg_strides();
+  MSA_CHECK(out.size(1) <= 1 || out.stride(1) == 1, kValue, fn,
+            ": argument 'out': expected contiguous rows, got strides ", out.strides_str());
+  MSA_CHECK(req_pool_indices.stride(0) == 1 || B <= 1, kValue, fn,
+            ": argument 'req_pool_indices': expected contiguous, got strides ", req_pool_indices.strides_str());
+  MSA_CHECK(seq_lens.stride(0) == 1 || B <= 1, kValue, fn, ": argument 'seq_lens': expected contiguous, got strides ",
+            seq_lens.strides_str());
+  PageTableBuildParams p;
+  p.req_to_token = req_to_token.data_as<const int32_t>();
+  p.r2t_stride_req = req_to_token.stride(0);
+  p.r2t_stride_token = req_to_token.stride(1);
+  p.num_reqs_pool = static_cast<int32_t>(req_to_token.size(0));
+  p.max_context = req_to_token.size(1);
+  p.req_pool_indices = req_pool_indices.data();
+  p.req_pool_indices_i64 = req_pool_indices.dtype() == DType::kI64;
+  p.seq_lens = seq_lens.data();
+  p.seq_lens_i64 = seq_lens.dtype() == DType::kI64;
+  p.batch_size = static_cast<int32_t>(B);
+  p.page_size = page_size;
+  p.out = out.data_as<int32_t>();
+  p.out_stride_b = out.stride(0);
+  p.max_pages = static_cast<int32_t>(out.size(1));
+  if (!gpu || opts.validate) {
+    HostInts idx(req_pool_indices, opts.stream), lens(seq_lens, opts.stream);
+    for (int64_t b = 0; b < B; ++b) {
+      MSA_CHECK(idx.at(b) >= 0 && idx.at(b) < p.num_reqs_pool, kValue, fn, ": argument 'req_pool_indices': entry ",
+                b, ": expected a row of req_to_token in [0, ", p.num_reqs_pool, "), got ", idx.at(b));
+      MSA_CHECK(lens.at(b) >= 0 && lens.at(b) <= p.max_context, kValue, fn, ": argument 'seq_lens': entry ", b,
+                ": expected 0..", p.max_context, " (max_context of req_to_token), got ", lens.at(b));
+      MSA_CHECK(ceil_div(lens.at(b), page_size) <= p.max_pages, kValue, fn, ": argument 'out': request ", b,
+                " needs ", ceil_div(lens.at(b), page_size), " pages, out holds max_pages = ", p.max_pages);
+    }
+  }
+  if (B == 0 || p.max_pages == 0) return;
+  if (gpu)
+    cuda::build_page_table(p, opts.stream);
+  else
+    reference::build_page_table(p);
+}
+
+}  // namespace msa

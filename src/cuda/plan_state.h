@@ -1,0 +1,38 @@
+// What a CUDA plan owns: the device facts it was built for and one state per kernel family.
+#pragma once
+
+#include <memory>
+
+#include "core/backend.h"
+
+namespace msa::detail::cuda {
+
+namespace paged {
+struct State;  // src/cuda/paged/: decode and portable prefill (cp.async + mma.sync, sm_80+)
+}
+namespace sm90 {
+struct PrefillState;  // src/cuda/sm90/: Hopper prefill (TMA + wgmma, sm_90a)
+}
+
+struct CudaPlanState : PlanState {
+  int device = 0;
+  int sm_count = 0;
+  int cc = 0;  // compute capability, major * 10 + minor
+  std::shared_ptr<paged::State> paged;
+  std::shared_ptr<sm90::PrefillState> sm90_prefill;  // null when the Hopper kernels do not apply
+};
+
+// Kernel-family entry points (each defined in its folder).
+namespace paged {
+std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev);
+void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream);
+}  // namespace paged
+namespace sm90 {
+// Null when this plan is not served by the Hopper prefill kernels (arch, head dim, dtype...).
+std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPlanState& dev);
+// False when these particular params fall back to the paged family (e.g. an unsupported dtype).
+bool can_run(const PrefillState& s, const AttentionParams& p);
+void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream);
+}  // namespace sm90
+
+}  // namespace msa::detail::cuda
