@@ -1,0 +1,145 @@
+"""Shared helpers of the msa benchmarks: ceilings, timing, result files.
+
+Every benchmark measures its ceilings in the same run as the kernels (absolute figures drift between
+machines and runs) and writes bench/results/<bench>-<YYYYMMDD>-<commit>.json plus a .md table.
+The commit is taken from $MSA_COMMIT (the device copy of the tree has no .git) or `git rev-parse`.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def commit() -> str:
+    c = os.environ.get("MSA_COMMIT")
+    if c:
+        return c
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       cwd=Path(__file__).parent).strip()
+    except Exception:
+        return "unknown"
+
+
+def time_graph(fn, iters: int = 50, warmup: int = 5, rotate=None) -> float:
+    """Median microseconds per call of fn() replayed from a CUDA graph.
+
+    rotate: optional list of argument-free callables; when given, the graph captures one call per
+    entry (inputs rotated so that repeated calls do not measure the L2) and the time is per call.
+    """
+    calls = rotate if rotate is not None else [fn]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / len(calls))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def time_eager(fn, iters: int = 20, warmup: int = 3) -> float:
+    """Median microseconds per call of fn() launched eagerly (for long kernels: prefill)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_ceiling_gbps(nbytes: int = 4 << 30) -> float:
+    """Device-to-device copy, bytes read + written per second, in GB/s."""
+    n = nbytes // 2
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    us = time_eager(lambda: dst.copy_(src), iters=20, warmup=3)
+    return 2 * n / (us * 1e-6) / 1e9
+
+
+def matmul_ceiling_tflops(n: int = 8192) -> float:
+    """bf16 n^3 matmul on random data, TFLOP/s."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    us = time_eager(lambda: a @ b, iters=10, warmup=3)
+    return 2 * n**3 / (us * 1e-6) / 1e12
+
+
+def ceilings() -> dict:
+    c = {"copy_gbps": round(copy_ceiling_gbps(), 1), "matmul_tflops": round(matmul_ceiling_tflops(), 1)}
+    print(f"# ceilings: copy {c['copy_gbps']:.0f} GB/s, bf16 matmul {c['matmul_tflops']:.0f} TFLOP/s", flush=True)
+    return c
+
+
+def row(workload, shape, pattern, impl, us, *, tflops=None, gbps=None, ceil=None, max_err=None, **extra):
+    """One result row; ratio = figure / its ceiling from the same run."""
+    ratio = None
+    if ceil is not None:
+        if gbps is not None:
+            ratio = gbps / ceil["copy_gbps"]
+        elif tflops is not None:
+            ratio = tflops / ceil["matmul_tflops"]
+    r = {"workload": workload, "shape": shape, "pattern": pattern, "impl": impl, "us": round(us, 2),
+         "tflops": None if tflops is None else round(tflops, 1), "gbps": None if gbps is None else round(gbps, 1),
+         "ratio": None if ratio is None else round(ratio, 4), "max_err": max_err}
+    r.update(extra)
+    return r
+
+
+def write_results(bench: str, ceil: dict, rows: list, out_dir: str | None = None) -> Path:
+    """Writes <bench>-<date>-<commit>.json and .md to out_dir ($OUT or bench/results) and prints the table."""
+    out = Path(out_dir or os.environ.get("OUT") or RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    date = datetime.date.today().strftime("%Y%m%d")
+    name = f"{bench}-{date}-{commit()}"
+    doc = {"bench": bench, "commit": commit(), "device": torch.cuda.get_device_name(),
+           "date": datetime.datetime.now().isoformat(timespec="seconds"), "ceilings": ceil, "rows": rows}
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    cols = ["workload", "shape", "pattern", "impl", "us", "tflops", "gbps", "ratio", "max_err"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |")
+    md = (f"# {bench} @ {commit()} on {doc['device']} ({doc['date']})\n\n"
+          f"Ceilings (same run): copy {ceil['copy_gbps']} GB/s, bf16 matmul {ceil['matmul_tflops']} TFLOP/s\n\n"
+          + "\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text(md)
+    print(md, flush=True)
+    return out / f"{name}.json"
+
+
+def main_guard():
+    if not torch.cuda.is_available():
+        print("no CUDA device: benchmarks need a GPU", file=sys.stderr)
+        sys.exit(2)
