@@ -1,0 +1,373 @@
+"""Test utilities shared by the CPU and GPU Python tests: random problems and float64 references.
+
+Everything here is numpy (float64 references written plainly from the contract) so that the GPU tests can
+compare torch CUDA results with it after `.cpu().numpy()`. torch is imported lazily by `to_torch`.
+
+    prob = make_problem(rng, qo_lens=[5, 130], kv_lens=[300, 700], pattern="random")
+    o_ref, lse_ref = ref_attention(prob)
+    t = to_torch(prob, device="cuda", dtype=torch.bfloat16)   # tensors with prob's strides
+    assert_close(o, o_ref)
+
+Problem fields (numpy): q [T, Hq, D], k_cache / v_cache [pages, Hkv, P, D|Dv] (maybe strided views of a
+slot-major pool), page_table (dense [B, max_pages] or flat [n]), page_indptr ([B+1] or None), qo_indptr [B+1],
+kv_lens [B], qo_offset [B] or None, block_idx [T, Hkv, topk] or None (maybe a transposed view of [Hkv, T, topk]),
+plus the scalars num_qo_heads, num_kv_heads, head_dim, head_dim_v, page_size, topk, causal, sm_scale.
+Float data are float32 values already rounded to the requested dtype's precision ("bf16", "fp16", "fp32").
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+BLOCK = 128
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Rounds float values to bf16 / fp16 precision (nearest even), returned as float32."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "fp32":
+        return x.copy()
+    if dtype == "fp16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bf16":
+        u = x.view(np.uint32).astype(np.uint64)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return u.astype(np.uint32).view(np.float32)
+    raise ValueError(dtype)
+
+
+@dataclass
+class Problem:
+    q: np.ndarray
+    k_cache: np.ndarray
+    v_cache: np.ndarray
+    page_table: np.ndarray
+    page_indptr: np.ndarray | None
+    qo_indptr: np.ndarray
+    kv_lens: np.ndarray
+    qo_offset: np.ndarray | None
+    block_idx: np.ndarray | None
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    page_size: int
+    topk: int
+    causal: bool
+    sm_scale: float
+    dtype: str = "bf16"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.kv_lens)
+
+    @property
+    def qo_lens(self) -> np.ndarray:
+        return np.diff(self.qo_indptr)
+
+    def offsets(self) -> np.ndarray:
+        if self.qo_offset is not None:
+            return self.qo_offset.astype(np.int64)
+        return self.kv_lens.astype(np.int64) - self.qo_lens.astype(np.int64)
+
+    def positions(self) -> np.ndarray:
+        """Absolute position p of every query token, [T]."""
+        off = self.offsets()
+        return np.concatenate([off[b] + np.arange(n) for b, n in enumerate(self.qo_lens)]).astype(np.int64) \
+            if self.qo_indptr[-1] else np.zeros(0, np.int64)
+
+    def request_of_token(self) -> np.ndarray:
+        return np.repeat(np.arange(self.batch_size), self.qo_lens)
+
+
+def _selection(rng, nvalid: int, own: int, topk: int, pattern: str, pool: np.ndarray | None,
+               shared_row: np.ndarray | None) -> list[int]:
+    """Blocks for one (token, KV head): the own block plus topk-1 among the earlier valid ones."""
+    if shared_row is not None:
+        return [int(b) for b in shared_row if b <= own and b < nvalid]
+    earlier = np.arange(own)
+    if pattern == "clustered" and pool is not None:
+        cand = np.unique(np.concatenate([[0], pool[pool < own]]))
+        cand = cand[cand < own]
+    else:
+        cand = earlier
+    take = min(topk - 1, len(cand))
+    chosen = rng.choice(cand, size=take, replace=False) if take else np.zeros(0, np.int64)
+    if pattern == "clustered" and own > 0 and 0 not in chosen and take:
+        chosen[0] = 0
+    return [own] + [int(c) for c in chosen]
+
+
+def make_problem(rng: np.random.Generator, *, qo_lens, kv_lens, qo_offset=None, num_qo_heads=16, num_kv_heads=1,
+                 head_dim=128, head_dim_v=None, page_size=128, topk=16, causal=True, pattern="random",
+                 neg_slot_prob=0.2, shuffle_rows=True, flat_pages=False, slot_major=False, index_layout="THK",
+                 dtype="bf16", spare_pages=3, sm_scale=None, empty_row_prob=0.0) -> Problem:
+    """A random problem. pattern: "random" | "clustered" | "shared" | None (dense: no block_idx).
+
+    Selections hold each token's own block (the block of its position) plus earlier ones; -1 slots are
+    scattered anywhere in a row (probability neg_slot_prob per spare slot) and rows are shuffled. With
+    empty_row_prob > 0 some rows are all -1 (their queries see nothing: o = 0, lse = -inf).
+    """
+    qo_lens = np.asarray(qo_lens, np.int32)
+    kv_lens = np.asarray(kv_lens, np.int32)
+    B = len(kv_lens)
+    Hq, Hkv, D = num_qo_heads, num_kv_heads, head_dim
+    Dv = head_dim_v or head_dim
+    P = page_size
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    T = int(qo_indptr[-1])
+    q = round_to(rng.standard_normal((T, Hq, D)), dtype)
+
+    npages_req = [math.ceil(int(n) / P) for n in kv_lens]
+    total_pages = sum(npages_req) + spare_pages
+    perm = rng.permutation(total_pages).astype(np.int32)
+    if slot_major:
+        kpool = round_to(rng.standard_normal((total_pages * P, Hkv, D)), dtype)
+        vpool = round_to(rng.standard_normal((total_pages * P, Hkv, Dv)), dtype)
+        k_cache = kpool.reshape(total_pages, P, Hkv, D).transpose(0, 2, 1, 3)
+        v_cache = vpool.reshape(total_pages, P, Hkv, Dv).transpose(0, 2, 1, 3)
+    else:
+        k_cache = round_to(rng.standard_normal((total_pages, Hkv, P, D)), dtype)
+        v_cache = round_to(rng.standard_normal((total_pages, Hkv, P, Dv)), dtype)
+    rows, start = [], 0
+    for n in npages_req:
+        rows.append(perm[start:start + n])
+        start += n
+    if flat_pages:
+        page_table = np.concatenate(rows + [np.zeros(0, np.int32)]).astype(np.int32)
+        page_indptr = np.concatenate([[0], np.cumsum(npages_req)]).astype(np.int32)
+    else:
+        width = max(max(npages_req, default=0), 1) + 1
+        page_table = np.full((B, width), -1, np.int32)
+        for b, r in enumerate(rows):
+            page_table[b, :len(r)] = r
+        page_indptr = None
+
+    prob = Problem(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, page_indptr=page_indptr,
+                   qo_indptr=qo_indptr, kv_lens=kv_lens,
+                   qo_offset=None if qo_offset is None else np.asarray(qo_offset, np.int32), block_idx=None,
+                   num_qo_heads=Hq, num_kv_heads=Hkv, head_dim=D, head_dim_v=Dv, page_size=P,
+                   topk=topk if pattern else 0, causal=causal,
+                   sm_scale=float(sm_scale) if sm_scale else 1.0 / math.sqrt(D), dtype=dtype)
+    if not pattern:
+        return prob
+
+    pos = prob.positions()
+    req = prob.request_of_token()
+    bi = np.full((T, Hkv, topk), -1, np.int32)
+    for b in range(B):
+        nvalid = math.ceil(int(kv_lens[b]) / BLOCK)
+        toks = range(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+        for g in range(Hkv):
+            pools, shared = {}, {}
+            for t in toks:
+                if nvalid == 0 or rng.random() < empty_row_prob:
+                    continue
+                own = int(min(pos[t] // BLOCK, nvalid - 1)) if causal else int(rng.integers(nvalid))
+                qblk = int(pos[t] // BLOCK)
+                pool = None
+                if pattern == "clustered":
+                    pool = pools.setdefault(qblk, rng.choice(max(own, 1), size=min(24, max(own, 1)), replace=False))
+                srow = None
+                if pattern == "shared":
+                    if qblk not in shared:
+                        last = min(qblk, nvalid - 1)
+                        others = rng.choice(last, size=min(topk - 1, last), replace=False) if last else []
+                        shared[qblk] = np.array([last] + list(others), np.int64)
+                    srow = shared[qblk]
+                sel = _selection(rng, nvalid, own, topk, pattern, pool, srow)
+                if neg_slot_prob and len(sel) > 1 and rng.random() < neg_slot_prob:
+                    # empty slots anywhere in the row: drop a few non-own entries
+                    ndrop = int(rng.integers(1, min(3, len(sel) - 1) + 1))
+                    sel = [sel[0]] + sel[1:len(sel) - ndrop]
+                slots = np.full(topk, -1, np.int32)
+                where = rng.permutation(topk) if shuffle_rows else np.arange(topk)
+                for s_, blk in zip(where, sel):
+                    slots[s_] = blk
+                bi[t, g] = slots
+    if index_layout == "HTK":
+        store = np.ascontiguousarray(bi.transpose(1, 0, 2))
+        prob.block_idx = store.transpose(1, 0, 2)
+    else:
+        prob.block_idx = bi
+    return prob
+
+
+def visible_keys(prob: Problem, t: int, g: int, b: int, p: int) -> np.ndarray:
+    """Sorted key indices visible to token t (request b, position p) under KV head g."""
+    kl = int(prob.kv_lens[b])
+    hi = min(kl, p + 1) if prob.causal else kl
+    if hi <= 0:
+        return np.zeros(0, np.int64)
+    if prob.block_idx is None:
+        return np.arange(hi)
+    nblk = math.ceil(kl / BLOCK)
+    blocks = sorted({int(e) for e in prob.block_idx[t, g] if 0 <= e < nblk})
+    keys = [np.arange(blk * BLOCK, min((blk + 1) * BLOCK, hi)) for blk in blocks if blk * BLOCK < hi]
+    return np.concatenate(keys) if keys else np.zeros(0, np.int64)
+
+
+def gather_kv(prob: Problem, b: int, g: int, keys: np.ndarray):
+    """K and V rows (float64) of request b, KV head g at the given logical key indices."""
+    P = prob.page_size
+    if prob.page_indptr is not None:
+        row = prob.page_table[prob.page_indptr[b]:prob.page_indptr[b + 1]]
+    else:
+        row = prob.page_table[b]
+    pages = row[keys // P]
+    off = keys % P
+    return (prob.k_cache[pages, g, off].astype(np.float64), prob.v_cache[pages, g, off].astype(np.float64))
+
+
+def ref_attention(prob: Problem):
+    """float64 o [T, Hq, Dv] and lse [T, Hq] (natural log; -inf and o = 0 for rows with no visible key)."""
+    T = prob.q.shape[0]
+    G = prob.num_qo_heads // prob.num_kv_heads
+    o = np.zeros((T, prob.num_qo_heads, prob.head_dim_v))
+    lse = np.full((T, prob.num_qo_heads), -np.inf)
+    pos, req = prob.positions(), prob.request_of_token()
+    for t in range(T):
+        b, p = int(req[t]), int(pos[t])
+        for g in range(prob.num_kv_heads):
+            keys = visible_keys(prob, t, g, b, p)
+            if len(keys) == 0:
+                continue
+            k, v = gather_kv(prob, b, g, keys)
+            qh = prob.q[t, g * G:(g + 1) * G].astype(np.float64)
+            s = qh @ k.T * prob.sm_scale
+            m = s.max(axis=1, keepdims=True)
+            e = np.exp(s - m)
+            l = e.sum(axis=1, keepdims=True)
+            o[t, g * G:(g + 1) * G] = (e @ v) / l
+            lse[t, g * G:(g + 1) * G] = (m + np.log(l))[:, 0]
+    return o, lse
+
+
+def ref_block_scores(q, k_index, page_table, page_indptr, qo_indptr, kv_lens, qo_offset=None, causal=True,
+                     max_blocks=None, page_size=None, k_scale=None):
+    """float64 [T, H, max_blocks]: max over visible keys of raw q.k per 128-key block, -inf where none."""
+    T, H, D = q.shape
+    Hk = k_index.shape[1]
+    P = page_size or k_index.shape[2]
+    qo_lens = np.diff(qo_indptr)
+    off = (np.asarray(kv_lens) - qo_lens) if qo_offset is None else np.asarray(qo_offset)
+    nb = max_blocks or max(math.ceil(int(n) / BLOCK) for n in kv_lens)
+    out = np.full((T, H, nb), -np.inf)
+    for b in range(len(kv_lens)):
+        kl = int(kv_lens[b])
+        row = page_table[page_indptr[b]:page_indptr[b + 1]] if page_indptr is not None else page_table[b]
+        for i in range(int(qo_lens[b])):
+            t = int(qo_indptr[b]) + i
+            p = int(off[b]) + i
+            hi = min(kl, p + 1) if causal else kl
+            if hi <= 0:
+                continue
+            keys = np.arange(hi)
+            pages, offs = row[keys // P], keys % P
+            for h in range(H):
+                kh = h // (H // Hk)
+                k = k_index[pages, kh, offs].astype(np.float64)
+                if k_scale is not None:
+                    k = k * k_scale[pages, kh, offs][:, None]
+                s = k @ q[t, h].astype(np.float64)
+                for blk in range(math.ceil(hi / BLOCK)):
+                    out[t, h, blk] = s[blk * BLOCK:(blk + 1) * BLOCK].max()
+    return out
+
+
+def ref_select_topk(scores_thk, qo_indptr, kv_lens, topk, qo_offset=None, force_begin=0, force_end=1,
+                    causal=True):
+    """int32 [T, H, topk] per contract §4 (ascending, -1 tail, NaN lowest, ties to the lower block)."""
+    T, H, NB = scores_thk.shape
+    qo_lens = np.diff(qo_indptr)
+    off = (np.asarray(kv_lens) - qo_lens) if qo_offset is None else np.asarray(qo_offset)
+    out = np.full((T, H, topk), -1, np.int32)
+    for b in range(len(kv_lens)):
+        nkv = math.ceil(int(kv_lens[b]) / BLOCK)
+        for i in range(int(qo_lens[b])):
+            t = int(qo_indptr[b]) + i
+            p = int(off[b]) + i
+            n = min(p // BLOCK + 1, nkv) if causal else nkv
+            n = max(n, 0)
+            for h in range(H):
+                if n == 0:
+                    continue
+                valid = list(range(n))
+                forced = set(valid[:force_begin]) | set(valid[max(n - force_end, 0):] if force_end else [])
+                rest = [blk for blk in valid if blk not in forced]
+                s = scores_thk[t, h]
+                # sort key: NaN lowest, then score descending, then index ascending
+                rest.sort(key=lambda blk: (0 if np.isnan(s[blk]) else 1, -np.inf if np.isnan(s[blk]) else s[blk],
+                                           -blk), reverse=True)
+                chosen = sorted(list(forced)[:topk] if len(forced) > topk else
+                                list(forced) + rest[:topk - len(forced)])
+                out[t, h, :len(chosen)] = chosen
+    return out
+
+
+def rel_l2(x, ref) -> float:
+    x = np.asarray(x, np.float64)
+    ref = np.asarray(ref, np.float64)
+    den = np.linalg.norm(ref)
+    return float(np.linalg.norm(x - ref) / den) if den > 0 else float(np.linalg.norm(x - ref))
+
+
+def assert_close(o, o_ref, *, rel=1e-2, atol=2e-2, what="o"):
+    """The contract's tolerance: relative L2 < rel and no element off by more than atol; NaN never passes."""
+    o = np.asarray(o, np.float64)
+    assert not np.isnan(o).any(), f"{what}: NaN in output"
+    err = np.abs(o - o_ref)
+    assert rel_l2(o, o_ref) < rel, f"{what}: relative L2 error {rel_l2(o, o_ref):.3e} >= {rel}"
+    assert err.max(initial=0.0) <= atol, f"{what}: max abs error {err.max():.3e} > {atol}"
+
+
+def assert_lse_close(lse, lse_ref, atol=1e-2):
+    lse = np.asarray(lse, np.float64)
+    assert not np.isnan(lse).any(), "lse: NaN"
+    inf_ref = np.isneginf(lse_ref)
+    assert (np.isneginf(lse) == inf_ref).all(), "lse: -inf pattern differs (empty rows)"
+    d = np.abs(lse[~inf_ref] - lse_ref[~inf_ref])
+    assert d.max(initial=0.0) <= atol, f"lse: max abs error {d.max():.3e}"
+
+
+def to_torch(prob: Problem, device="cuda", dtype=None):
+    """torch tensors of the problem on `device`, float data in `dtype` (default from prob.dtype), keeping the
+    strided views (slot-major pool, [Hkv, T, topk] index layout) as views of contiguous storage."""
+    import torch
+
+    dt = dtype or {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[prob.dtype]
+
+    def ften(a):
+        base = a
+        if not a.flags["C_CONTIGUOUS"] and a.base is not None:
+            # rebuild the same view over a contiguous torch storage
+            owner = np.ascontiguousarray(a.base if a.base.base is None else a.base.base)
+            t = torch.from_numpy(owner).to(device=device, dtype=dt)
+            itemsize = a.itemsize
+            strides = tuple(s // itemsize for s in a.strides)
+            return t.as_strided(a.shape, strides)
+        return torch.from_numpy(np.ascontiguousarray(base)).to(device=device, dtype=dt)
+
+    def iten(a):
+        if a is None:
+            return None
+        if not a.flags["C_CONTIGUOUS"] and a.base is not None:
+            owner = np.ascontiguousarray(a.base)
+            t = torch.from_numpy(owner).to(device=device)
+            return t.as_strided(a.shape, tuple(s // a.itemsize for s in a.strides))
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device)
+
+    return {
+        "q": torch.from_numpy(prob.q).to(device=device, dtype=dt),
+        "k_cache": ften(prob.k_cache),
+        "v_cache": ften(prob.v_cache),
+        "page_table": iten(prob.page_table),
+        "page_indptr": iten(prob.page_indptr),
+        "qo_indptr": iten(prob.qo_indptr),
+        "kv_lens": iten(prob.kv_lens),
+        "qo_offset": iten(prob.qo_offset),
+        "block_idx": iten(prob.block_idx),
+    }
