@@ -212,8 +212,11 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
   const Device dev = plan.device();
   const bool gpu = dev.is_cuda();
   check_cuda_ready(fn, dev);
-  const auto float_types = gpu ? std::initializer_list<DType>{DType::kBF16, DType::kF16}
-                               : std::initializer_list<DType>{DType::kBF16, DType::kF16, DType::kF32};
+  // Named lists: a braced list's backing array lives only as long as the list it initialises, so
+  // choosing between two temporaries with ?: would leave float_types dangling.
+  const std::initializer_list<DType> gpu_types{DType::kBF16, DType::kF16};
+  const std::initializer_list<DType> cpu_types{DType::kBF16, DType::kF16, DType::kF32};
+  const auto float_types = gpu ? gpu_types : cpu_types;
   arg(fn, "q", q).present().dtype(float_types).ndim(3, "[total_q, num_qo_heads, head_dim]").device(dev)
       .size(1, c.num_qo_heads, "num_qo_heads").size(2, c.head_dim, "head_dim").inner_contiguous().nonneg_strides();
   const int64_t total_q = q.size(0);
@@ -304,8 +307,11 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
   const Device dev = q.device();
   const bool gpu = dev.is_cuda();
   check_cuda_ready(fn, dev);
-  const auto float_types = gpu ? std::initializer_list<DType>{DType::kBF16, DType::kF16}
-                               : std::initializer_list<DType>{DType::kBF16, DType::kF16, DType::kF32};
+  // Named lists: a braced list's backing array lives only as long as the list it initialises, so
+  // choosing between two temporaries with ?: would leave float_types dangling.
+  const std::initializer_list<DType> gpu_types{DType::kBF16, DType::kF16};
+  const std::initializer_list<DType> cpu_types{DType::kBF16, DType::kF16, DType::kF32};
+  const auto float_types = gpu ? gpu_types : cpu_types;
   arg(fn, "q", q).present().dtype(float_types).ndim(3, "[total_q, num_heads, head_dim]").inner_contiguous()
       .nonneg_strides();
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
