@@ -1,0 +1,63 @@
+// One synthetic attention call of the demo, on the host: bf16 q and a paged bf16 KV pool with
+// shuffled physical pages, the page table, the lengths and (sparse) the top-k block selections.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "demo_options.h"
+#include "msa/plan.h"
+
+namespace msa::cli {
+
+// A host array of bf16 values, left uninitialised until filled (the decode pool at the CUDA
+// defaults is 8.6 GB; zeroing it first would cost a second pass).
+struct Bf16Array {
+  std::unique_ptr<uint16_t[]> data;
+  int64_t size = 0;
+  void allocate(int64_t n) {
+    data.reset(new uint16_t[static_cast<size_t>(n)]);
+    size = n;
+  }
+  int64_t bytes() const { return size * 2; }
+};
+
+struct WorkloadSpec {
+  Phase phase = Phase::kPrefill;
+  int64_t batch = 1;
+  int64_t qo_len = 0;  // per request
+  int64_t kv_len = 0;  // per request, the new tokens included
+  Pattern pattern = Pattern::kRandom;
+  bool dense = false;
+  uint64_t seed = 0;
+};
+
+struct Workload {
+  Phase phase = Phase::kPrefill;
+  AttentionConfig cfg;  // topk 0 when dense
+  std::vector<int32_t> qo_lens, kv_lens, qo_indptr;
+  int64_t total_q = 0;
+  int64_t max_pages = 0;            // page-table row length
+  int64_t num_pages = 0;            // physical pages in the pool, spares included
+  std::vector<int32_t> page_table;  // [batch, max_pages], dense form
+  std::vector<int32_t> block_idx;   // [total_q, Hkv, topk]; empty when dense
+  Bf16Array q;                      // [total_q, Hq, D]
+  Bf16Array k, v;                   // [num_pages, Hkv, page_size, D]
+
+  int64_t batch() const { return static_cast<int64_t>(qo_lens.size()); }
+  int64_t request_of(int64_t token) const;
+  int64_t position_of(int64_t token) const;  // absolute position: kv_len - qo_len + index in the request
+  // The distinct selected blocks that exist for (token, KV head), ascending: the row's entries in
+  // [0, ceil(kv_len / block)) when sparse, every block of the request when dense.
+  std::vector<int32_t> selected_blocks(int64_t token, int kv_head) const;
+  // Element offset of key `key` of request b, KV head g in the k / v pool.
+  int64_t kv_offset(int64_t b, int64_t key, int g) const;
+};
+
+// Bytes the workload takes on the host, to announce before building it.
+int64_t workload_bytes(const WorkloadSpec& s);
+Workload make_workload(const WorkloadSpec& s);
+
+}  // namespace msa::cli
