@@ -23,8 +23,6 @@ namespace {
 
 constexpr int kBlock = 128;
 
-bool on_cuda(const TensorView& t) { return t.device().is_cuda(); }
-
 CacheParams cache_params(const TensorView& t) {
   CacheParams c;
   c.data = t.data();

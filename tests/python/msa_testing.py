@@ -333,6 +333,18 @@ def assert_lse_close(lse, lse_ref, atol=1e-2):
     assert d.max(initial=0.0) <= atol, f"lse: max abs error {d.max():.3e}"
 
 
+def _spanned_memory(a: np.ndarray):
+    """A 1-D copy of the memory that the view `a` spans (from its first element to its last, in a's dtype)
+    and a's strides in elements, so that the view can be rebuilt over other storage. Reading the span
+    through `a` itself, not through a.base: the base may hold another dtype (round_to's bf16 values are a
+    float32 view of a uint32 array) or start before the view."""
+    assert all(s >= 0 for s in a.strides), "negative strides"
+    strides = tuple(s // a.itemsize for s in a.strides)
+    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides)) if a.size else 0
+    flat = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(a.itemsize,)).copy()
+    return flat, strides
+
+
 def to_torch(prob: Problem, device="cuda", dtype=None):
     """torch tensors of the problem on `device`, float data in `dtype` (default from prob.dtype), keeping the
     strided views (slot-major pool, [Hkv, T, topk] index layout) as views of contiguous storage."""
@@ -344,20 +356,16 @@ def to_torch(prob: Problem, device="cuda", dtype=None):
         base = a
         if not a.flags["C_CONTIGUOUS"] and a.base is not None:
             # rebuild the same view over a contiguous torch storage
-            owner = np.ascontiguousarray(a.base if a.base.base is None else a.base.base)
-            t = torch.from_numpy(owner).to(device=device, dtype=dt)
-            itemsize = a.itemsize
-            strides = tuple(s // itemsize for s in a.strides)
-            return t.as_strided(a.shape, strides)
+            owner, strides = _spanned_memory(a)
+            return torch.from_numpy(owner).to(device=device, dtype=dt).as_strided(a.shape, strides)
         return torch.from_numpy(np.ascontiguousarray(base)).to(device=device, dtype=dt)
 
     def iten(a):
         if a is None:
             return None
         if not a.flags["C_CONTIGUOUS"] and a.base is not None:
-            owner = np.ascontiguousarray(a.base)
-            t = torch.from_numpy(owner).to(device=device)
-            return t.as_strided(a.shape, tuple(s // a.itemsize for s in a.strides))
+            owner, strides = _spanned_memory(a)
+            return torch.from_numpy(owner).to(device=device).as_strided(a.shape, strides)
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device)
 
     return {
@@ -370,4 +378,30 @@ def to_torch(prob: Problem, device="cuda", dtype=None):
         "kv_lens": iten(prob.kv_lens),
         "qo_offset": iten(prob.qo_offset),
         "block_idx": iten(prob.block_idx),
+    }
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of "fp32" / "fp16" / "bf16" (bfloat16 comes from ml_dtypes, imported here)."""
+    if dtype == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype({"fp32": np.float32, "fp16": np.float16}[dtype])
+
+
+def to_numpy(prob: Problem, dtype=None) -> dict:
+    """numpy arrays of the problem, float data in `dtype` (default prob.dtype). astype keeps the memory
+    order (order="K"), so the strided views (slot-major pool, [Hkv, T, topk] index layout) stay strided."""
+    dt = numpy_dtype(dtype or prob.dtype)
+    return {
+        "q": prob.q.astype(dt),
+        "k_cache": prob.k_cache.astype(dt),
+        "v_cache": prob.v_cache.astype(dt),
+        "page_table": prob.page_table,
+        "page_indptr": prob.page_indptr,
+        "qo_indptr": prob.qo_indptr,
+        "kv_lens": prob.kv_lens,
+        "qo_offset": prob.qo_offset,
+        "block_idx": prob.block_idx,
     }

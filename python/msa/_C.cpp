@@ -1,0 +1,381 @@
+// msa._C: the nanobind module under the Python package. It turns any DLPack tensor (numpy, torch,
+// cupy, jax; any device, dtype and strides) into a non-owning msa::TensorView, calls the C++ entry
+// points with the GIL released, and maps msa::Error kinds onto Python exceptions. Argument
+// defaults, output allocation and stream selection live in python/msa/*.py; this file only converts.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "msa/msa.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// Host length arrays of the plans; python/msa/plan.py hands them over as contiguous int32 numpy arrays.
+using HostLengths = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Read-only and writable imports share one handle type so that Call can keep both alive.
+using Imported = nb::ndarray<nb::ro>;
+
+// numpy dtypes of ml_dtypes that neither numpy's DLPack export nor its buffer protocol can describe
+// (numpy raises "DLPack only supports ... float and complex dtypes"): such arrays are imported
+// through an unsigned-integer view of the same bytes, and the real dtype is declared here.
+struct OpaqueNumpyDtype {
+  const char* name;     // numpy dtype.name
+  const char* carrier;  // same-width dtype numpy can export
+  msa::DType dtype;
+};
+constexpr OpaqueNumpyDtype kOpaqueNumpyDtypes[] = {
+    {"bfloat16", "uint16", msa::DType::kBF16},
+    {"float8_e4m3fn", "uint8", msa::DType::kF8E4M3},
+};
+
+// "float64", "int8x4", or the raw DLPack fields of codes without a common name.
+std::string dl_dtype_str(nb::dlpack::dtype t) {
+  const char* kind = nullptr;
+  switch (t.code) {
+    case 0: kind = "int"; break;
+    case 1: kind = "uint"; break;
+    case 2: kind = "float"; break;
+    case 4: kind = "bfloat"; break;
+    case 5: kind = "complex"; break;
+    case 6: kind = "bool"; break;
+    default:
+      return msa::detail::concat("(DLPack code ", int(t.code), ", bits ", int(t.bits), ", lanes ", int(t.lanes), ")");
+  }
+  std::string s = kind + std::to_string(t.bits);
+  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
+  return s;
+}
+
+std::string py_type_name(nb::handle obj) {
+  return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__name__")));
+}
+
+// One binding call: imports its tensor arguments, keeps the imports alive until the call returns,
+// and names the entry point and the argument in every conversion error.
+class Call {
+ public:
+  explicit Call(const char* fn) : fn_(fn) {}
+
+  // An input the call only reads; None is an absent view.
+  msa::TensorView in(nb::handle obj, const char* name) { return import(obj, name, /*writable=*/false); }
+  // An output the call writes; None is an absent view (optional outputs such as lse).
+  msa::TensorView out(nb::handle obj, const char* name) { return import(obj, name, /*writable=*/true); }
+
+ private:
+  msa::TensorView import(nb::handle obj, const char* name, bool writable) {
+    if (obj.is_none()) return {};
+    std::optional<msa::DType> declared;
+    std::optional<Imported> arr = try_import(obj, writable);
+    if (!arr) {
+      if (const OpaqueNumpyDtype* od = opaque_numpy_dtype(obj)) {
+        arr = try_import(obj.attr("view")(od->carrier), writable);
+        declared = od->dtype;
+      }
+    }
+    if (!arr) fail_import(obj, name, writable);
+    return to_view(*arr, name, declared);
+  }
+
+  // No implicit conversion: a converted copy of an output would silently drop the results.
+  std::optional<Imported> try_import(nb::handle obj, bool writable) {
+    if (writable) {
+      nb::ndarray<> a;
+      if (!nb::try_cast(obj, a, /*convert=*/false)) return std::nullopt;
+      keep_.emplace_back(a);
+    } else {
+      Imported a;
+      if (!nb::try_cast(obj, a, /*convert=*/false)) return std::nullopt;
+      keep_.push_back(a);
+    }
+    return keep_.back();
+  }
+
+  static const OpaqueNumpyDtype* opaque_numpy_dtype(nb::handle obj) {
+    nb::object ndarray_type = nb::module_::import_("numpy").attr("ndarray");
+    if (!nb::isinstance(obj, ndarray_type)) return nullptr;
+    const std::string name = nb::cast<std::string>(obj.attr("dtype").attr("name"));
+    for (const OpaqueNumpyDtype& od : kOpaqueNumpyDtypes)
+      if (name == od.name) return &od;
+    return nullptr;
+  }
+
+  [[noreturn]] void fail_import(nb::handle obj, const char* name, bool writable) {
+    if (writable) {
+      Imported ro;
+      if (nb::try_cast(obj, ro, false))
+        MSA_FAIL(kValue, fn_, ": argument '", name, "': expected a writable tensor, got a read-only ",
+                 py_type_name(obj));
+    }
+    // Let the producer say why it refused (numpy object arrays: "DLPack only supports signed/unsigned
+    // integers, float and complex dtypes").
+    if (nb::hasattr(obj, "__dlpack__")) {
+      try {
+        obj.attr("__dlpack__")();
+      } catch (nb::python_error& e) {
+        MSA_FAIL(kType, fn_, ": argument '", name, "': the ", py_type_name(obj),
+                 " cannot be exported through DLPack: ", e.what());
+      }
+    }
+    MSA_FAIL(kType, fn_, ": argument '", name, "': expected a DLPack tensor (numpy array, torch tensor, ...), got ",
+             py_type_name(obj));
+  }
+
+  msa::TensorView to_view(const Imported& a, const char* name, std::optional<msa::DType> declared) const {
+    const nb::dlpack::dtype dl = a.dtype();
+    const msa::DType dtype = declared ? *declared : msa::dtype_from_dl(DLDataType{dl.code, dl.bits, dl.lanes});
+    MSA_CHECK(dtype != msa::DType::kUnknown, kType, fn_, ": argument '", name,
+              "': unsupported dtype ", dl_dtype_str(dl),
+              " (expected one of float32, float16, bfloat16, float8_e4m3fn, int32, int64, uint8)");
+    const int ndim = static_cast<int>(a.ndim());
+    MSA_CHECK(ndim <= msa::TensorView::kMaxDims, kValue, fn_, ": argument '", name, "': expected at most ",
+              msa::TensorView::kMaxDims, " dimensions, got ", ndim);
+    msa::Device device;
+    switch (a.device_type()) {
+      case kDLCPU: case kDLCUDAHost: device = {msa::DeviceType::kCPU, 0}; break;
+      case kDLCUDA: case kDLCUDAManaged: device = {msa::DeviceType::kCUDA, a.device_id()}; break;
+      default:
+        MSA_FAIL(kType, fn_, ": argument '", name, "': expected a CPU or CUDA tensor, got DLPack device type ",
+                 a.device_type());
+    }
+    return msa::TensorView(const_cast<void*>(a.data()), dtype, ndim, a.shape_ptr(), a.stride_ptr(), device);
+  }
+
+  const char* fn_;
+  std::vector<Imported> keep_;
+};
+
+PyObject* exception_type(msa::ErrorKind kind) {
+  switch (kind) {
+    case msa::ErrorKind::kValue: return PyExc_ValueError;
+    case msa::ErrorKind::kType: return PyExc_TypeError;
+    case msa::ErrorKind::kNotImplemented: return PyExc_NotImplementedError;
+    case msa::ErrorKind::kRuntime: return PyExc_RuntimeError;
+  }
+  return PyExc_RuntimeError;
+}
+
+msa::ScoreLayout parse_layout(const char* fn, const std::string& layout) {
+  if (layout == "HKT") return msa::ScoreLayout::kHKT;
+  if (layout == "THK") return msa::ScoreLayout::kTHK;
+  MSA_FAIL(kValue, fn, ": argument 'layout': expected 'HKT' ([num_heads, max_blocks, total_q]) or 'THK' ",
+           "([total_q, num_heads, max_blocks]), got '", layout, "'");
+}
+
+msa::Device parse_device(const char* fn, const std::string& type, int id) {
+  if (type == "cpu") return {msa::DeviceType::kCPU, 0};
+  MSA_CHECK(type == "cuda", kValue, fn, ": argument 'device': expected 'cpu' or 'cuda', got '", type, "'");
+  MSA_CHECK(id >= 0, kValue, fn, ": argument 'device': expected a CUDA ordinal >= 0, got ", id);
+  return {msa::DeviceType::kCUDA, id};
+}
+
+msa::AttentionConfig make_config(int num_qo_heads, int num_kv_heads, int head_dim, int head_dim_v, int page_size,
+                                 int topk, bool causal) {
+  msa::AttentionConfig c;
+  c.num_qo_heads = num_qo_heads;
+  c.num_kv_heads = num_kv_heads;
+  c.head_dim = head_dim;
+  c.head_dim_v = head_dim_v;
+  c.page_size = page_size;
+  c.topk = topk;
+  c.causal = causal;
+  return c;
+}
+
+void* stream_ptr(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+std::string plan_repr(const msa::Plan& p) {
+  const msa::AttentionConfig& c = p.config();
+  return msa::detail::concat(
+      "msa.Plan(phase='", p.phase() == msa::Phase::kPrefill ? "prefill" : "decode", "', device='",
+      msa::device_name(p.device()), "', batch_size=", p.batch_size(), ", max_qo_len=", p.max_qo_len(),
+      ", max_kv_len=", p.max_kv_len(), ", total_q=", p.total_q(), ", num_qo_heads=", c.num_qo_heads,
+      ", num_kv_heads=", c.num_kv_heads, ", head_dim=", c.head_dim, ", head_dim_v=", c.dv(),
+      ", page_size=", c.page_size, ", topk=", c.topk, ", causal=", c.causal ? "True" : "False", ")");
+}
+
+void bind_plan(nb::module_& m) {
+  nb::class_<msa::Plan>(m, "Plan",
+                        "An attention plan from msa.plan_prefill or msa.plan_decode: what msa.attention computes "
+                        "(heads, head dims, page size, top-k, causality), where it runs, and the workspaces it "
+                        "owns. Read-only.")
+      .def_prop_ro("phase", [](const msa::Plan& p) { return p.phase() == msa::Phase::kPrefill ? "prefill" : "decode"; },
+                   "'prefill' or 'decode'.")
+      .def_prop_ro("device", [](const msa::Plan& p) { return msa::device_name(p.device()); },
+                   "'cpu' or 'cuda:N'.")
+      .def_prop_ro("batch_size", &msa::Plan::batch_size, "Number of requests.")
+      .def_prop_ro("max_qo_len", &msa::Plan::max_qo_len, "Longest query run of a request (decode: the bound).")
+      .def_prop_ro("max_kv_len", &msa::Plan::max_kv_len, "Longest key run of a request (decode: the bound).")
+      .def_prop_ro("total_q", &msa::Plan::total_q,
+                   "Prefill: the sum of qo_lens. Decode: batch_size * max_qo_len (an upper bound).")
+      .def_prop_ro("num_qo_heads", [](const msa::Plan& p) { return p.config().num_qo_heads; }, "Query heads Hq.")
+      .def_prop_ro("num_kv_heads", [](const msa::Plan& p) { return p.config().num_kv_heads; }, "KV heads Hkv.")
+      .def_prop_ro("head_dim", [](const msa::Plan& p) { return p.config().head_dim; }, "D of q and k.")
+      .def_prop_ro("head_dim_v", [](const msa::Plan& p) { return p.config().dv(); },
+                   "D of v and o (head_dim when planned with head_dim_v=0).")
+      .def_prop_ro("page_size", [](const msa::Plan& p) { return p.config().page_size; }, "Tokens per KV page.")
+      .def_prop_ro("topk", [](const msa::Plan& p) { return p.config().topk; },
+                   "Slots per block_idx row; 0 for dense attention.")
+      .def_prop_ro("causal", [](const msa::Plan& p) { return p.config().causal; }, "Causal masking.")
+      .def("__repr__", &plan_repr);
+}
+
+void bind_plans(nb::module_& m) {
+  m.def(
+      "plan_prefill",
+      [](HostLengths qo_lens, HostLengths kv_lens, std::optional<HostLengths> qo_offset, int num_qo_heads,
+         int num_kv_heads, int head_dim, int head_dim_v, int page_size, int topk, bool causal,
+         const std::string& device_type, int device_id, int max_splits, int fixed_split_blocks) {
+        const char* fn = "msa.plan_prefill";
+        const msa::Device device = parse_device(fn, device_type, device_id);
+        const msa::AttentionConfig cfg =
+            make_config(num_qo_heads, num_kv_heads, head_dim, head_dim_v, page_size, topk, causal);
+        const msa::SplitOptions split{max_splits, fixed_split_blocks};
+        std::span<const int32_t> off;
+        if (qo_offset) off = {qo_offset->data(), qo_offset->shape(0)};
+        nb::gil_scoped_release nogil;
+        return msa::plan_prefill(cfg, device, {qo_lens.data(), qo_lens.shape(0)},
+                                 {kv_lens.data(), kv_lens.shape(0)}, off, split);
+      },
+      "qo_lens"_a, "kv_lens"_a, "qo_offset"_a.none(), "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a,
+      "head_dim_v"_a, "page_size"_a, "topk"_a, "causal"_a, "device_type"_a, "device_id"_a, "max_splits"_a,
+      "fixed_split_blocks"_a, "Binding of msa::plan_prefill; use msa.plan_prefill.");
+
+  m.def(
+      "plan_decode",
+      [](int batch_size, int max_qo_len, int64_t max_kv_len, int num_qo_heads, int num_kv_heads, int head_dim,
+         int head_dim_v, int page_size, int topk, bool causal, const std::string& device_type, int device_id,
+         int max_splits, int fixed_split_blocks) {
+        const msa::Device device = parse_device("msa.plan_decode", device_type, device_id);
+        const msa::AttentionConfig cfg =
+            make_config(num_qo_heads, num_kv_heads, head_dim, head_dim_v, page_size, topk, causal);
+        const msa::SplitOptions split{max_splits, fixed_split_blocks};
+        nb::gil_scoped_release nogil;
+        return msa::plan_decode(cfg, device, batch_size, max_qo_len, max_kv_len, split);
+      },
+      "batch_size"_a, "max_qo_len"_a, "max_kv_len"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a,
+      "head_dim_v"_a, "page_size"_a, "topk"_a, "causal"_a, "device_type"_a, "device_id"_a, "max_splits"_a,
+      "fixed_split_blocks"_a, "Binding of msa::plan_decode; use msa.plan_decode.");
+}
+
+void bind_ops(nb::module_& m) {
+  m.def(
+      "attention",
+      [](const msa::Plan& plan, nb::handle q, nb::handle k, nb::handle v, nb::handle page_table,
+         nb::handle page_indptr, nb::handle qo_indptr, nb::handle kv_lens, nb::handle qo_offset, nb::handle block_idx,
+         nb::handle o, nb::handle lse, float sm_scale, bool validate, uintptr_t stream) {
+        Call call("msa.attention");
+        const msa::TensorView q_v = call.in(q, "q"), k_v = call.in(k, "k_cache"), v_v = call.in(v, "v_cache");
+        const msa::PageTable pages{call.in(page_table, "page_table"), call.in(page_indptr, "page_indptr")};
+        const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
+                                  call.in(qo_offset, "qo_offset")};
+        const msa::TensorView bi = call.in(block_idx, "block_idx");
+        const msa::TensorView o_v = call.out(o, "out"), lse_v = call.out(lse, "lse");
+        const msa::RunOptions opts{sm_scale, stream_ptr(stream), validate};
+        nb::gil_scoped_release nogil;
+        msa::attention(plan, q_v, k_v, v_v, pages, seqs, bi, o_v, lse_v, opts);
+      },
+      "plan"_a, "q"_a, "k_cache"_a, "v_cache"_a, "page_table"_a, "page_indptr"_a.none(), "qo_indptr"_a,
+      "kv_lens"_a, "qo_offset"_a.none(), "block_idx"_a.none(), "out"_a, "lse"_a.none(), "sm_scale"_a,
+      "validate"_a, "stream"_a = 0, "Binding of msa::attention; use msa.attention.");
+
+  m.def(
+      "block_scores",
+      [](nb::handle q, nb::handle k_index, nb::handle k_scale, nb::handle page_table, nb::handle page_indptr,
+         nb::handle qo_indptr, nb::handle kv_lens, nb::handle qo_offset, nb::handle out, const std::string& layout,
+         bool causal, bool validate, uintptr_t stream) {
+        const char* fn = "msa.block_scores";
+        Call call(fn);
+        const msa::ScoreLayout lay = parse_layout(fn, layout);
+        const msa::TensorView q_v = call.in(q, "q"), k_v = call.in(k_index, "k_index");
+        const msa::TensorView ks_v = call.in(k_scale, "k_scale");
+        const msa::PageTable pages{call.in(page_table, "page_table"), call.in(page_indptr, "page_indptr")};
+        const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
+                                  call.in(qo_offset, "qo_offset")};
+        const msa::TensorView out_v = call.out(out, "out");
+        const msa::RunOptions opts{0.0f, stream_ptr(stream), validate};
+        nb::gil_scoped_release nogil;
+        msa::block_scores(q_v, k_v, ks_v, pages, seqs, out_v, lay, causal, opts);
+      },
+      "q"_a, "k_index"_a, "k_scale"_a.none(), "page_table"_a, "page_indptr"_a.none(), "qo_indptr"_a, "kv_lens"_a,
+      "qo_offset"_a.none(), "out"_a, "layout"_a, "causal"_a, "validate"_a, "stream"_a = 0,
+      "Binding of msa::block_scores; use msa.block_scores.");
+
+  m.def(
+      "select_topk",
+      [](nb::handle scores, nb::handle qo_indptr, nb::handle kv_lens, int topk, nb::handle qo_offset,
+         const std::string& layout, int force_begin, int force_end, bool causal, nb::handle out, bool validate,
+         uintptr_t stream) {
+        const char* fn = "msa.select_topk";
+        Call call(fn);
+        const msa::ScoreLayout lay = parse_layout(fn, layout);
+        const msa::TensorView s_v = call.in(scores, "scores");
+        const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
+                                  call.in(qo_offset, "qo_offset")};
+        const msa::TensorView out_v = call.out(out, "out");
+        const msa::RunOptions opts{0.0f, stream_ptr(stream), validate};
+        nb::gil_scoped_release nogil;
+        msa::select_topk(s_v, lay, seqs, topk, force_begin, force_end, out_v, causal, opts);
+      },
+      "scores"_a, "qo_indptr"_a, "kv_lens"_a, "topk"_a, "qo_offset"_a.none(), "layout"_a, "force_begin"_a,
+      "force_end"_a, "causal"_a, "out"_a, "validate"_a, "stream"_a = 0,
+      "Binding of msa::select_topk; use msa.select_topk.");
+
+  m.def(
+      "merge_states",
+      [](nb::handle v_parts, nb::handle lse_parts, nb::handle out, nb::handle lse_out, uintptr_t stream) {
+        Call call("msa.merge_states");
+        const msa::TensorView v_v = call.in(v_parts, "v_parts"), l_v = call.in(lse_parts, "lse_parts");
+        const msa::TensorView o_v = call.out(out, "out"), lo_v = call.out(lse_out, "lse_out");
+        const msa::RunOptions opts{0.0f, stream_ptr(stream), false};
+        nb::gil_scoped_release nogil;
+        msa::merge_states(v_v, l_v, o_v, lo_v, opts);
+      },
+      "v_parts"_a, "lse_parts"_a, "out"_a, "lse_out"_a.none(), "stream"_a = 0,
+      "Binding of msa::merge_states; use msa.merge_states.");
+
+  m.def(
+      "build_page_table",
+      [](nb::handle req_to_token, nb::handle req_pool_indices, nb::handle seq_lens, int page_size, nb::handle out,
+         uintptr_t stream) {
+        Call call("msa.build_page_table");
+        const msa::TensorView r_v = call.in(req_to_token, "req_to_token");
+        const msa::TensorView i_v = call.in(req_pool_indices, "req_pool_indices");
+        const msa::TensorView s_v = call.in(seq_lens, "seq_lens");
+        const msa::TensorView o_v = call.out(out, "out");
+        const msa::RunOptions opts{0.0f, stream_ptr(stream), false};
+        nb::gil_scoped_release nogil;
+        msa::build_page_table(r_v, i_v, s_v, page_size, o_v, opts);
+      },
+      "req_to_token"_a, "req_pool_indices"_a, "seq_lens"_a, "page_size"_a, "out"_a, "stream"_a = 0,
+      "Binding of msa::build_page_table; use msa.build_page_table.");
+
+  m.def("cuda_available", &msa::cuda_available,
+        "True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.");
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "msa C++ bindings (DLPack tensors in, msa entry points out). Use the msa package, not this module.";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const msa::Error& e) {
+      PyErr_SetString(exception_type(e.kind()), e.what());
+    }
+  });
+  bind_plan(m);
+  bind_plans(m);
+  bind_ops(m);
+}

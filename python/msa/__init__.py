@@ -1,0 +1,27 @@
+"""msa: MiniMax-M3-style block-sparse attention (CUDA kernels, a CPU reference, DLPack bindings).
+
+    plan = msa.plan_prefill(qo_lens, kv_lens, num_qo_heads=64, num_kv_heads=4, topk=16, device="cuda")
+    o = msa.attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, block_idx=block_idx)
+
+Tensors of any DLPack framework are accepted; CPU tensors run the reference backend, CUDA tensors the
+GPU kernels. Errors: ValueError (shapes, lengths, strides), TypeError (dtypes, devices),
+NotImplementedError (valid input this build or device cannot run), RuntimeError (CUDA failures).
+Importing msa never imports torch. The semantics are those of docs/python_api.md.
+"""
+from ._C import cuda_available
+from .ops import attention, block_scores, build_page_table, merge_states, select_topk
+from .plan import Plan, plan_decode, plan_prefill
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Plan",
+    "attention",
+    "block_scores",
+    "build_page_table",
+    "cuda_available",
+    "merge_states",
+    "plan_decode",
+    "plan_prefill",
+    "select_topk",
+]

@@ -1,0 +1,85 @@
+"""Which framework a tensor belongs to, and what follows from it: output allocation, the default
+CUDA stream, host reads of small length tensors.
+
+torch is never imported here: a torch tensor can only exist once torch is in sys.modules, so
+`sys.modules.get("torch")` tells torch tensors apart without importing anything.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def torch_of(x):
+    """The torch module when x is a torch tensor, else None (never imports torch)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return torch
+    return None
+
+
+def _type_name(x) -> str:
+    t = type(x)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def new_output(fn: str, name: str, like, like_name: str, shape, dtype: str):
+    """An uninitialized output `name` of `shape` in the framework and on the device of the argument
+    `like_name` (the call's first tensor, `like`).
+
+    dtype: "like" (like's dtype), "float32" or "int32". numpy inputs give numpy outputs (a bfloat16
+    `like` from ml_dtypes gives an ml_dtypes bfloat16 output); torch inputs give torch outputs on
+    like's device. Other frameworks cannot be allocated for: the caller passes the output.
+    """
+    shape = tuple(int(s) for s in shape)
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, like.dtype if dtype == "like" else np.dtype(dtype))
+    torch = torch_of(like)
+    if torch is not None:
+        dt = like.dtype if dtype == "like" else getattr(torch, dtype)
+        return torch.empty(shape, dtype=dt, device=like.device)
+    if not hasattr(like, "__dlpack__"):
+        raise TypeError(f"{fn}: argument '{like_name}': expected a DLPack tensor (numpy array, torch tensor, ...), "
+                        f"got {_type_name(like)}")
+    raise TypeError(f"{fn}: argument '{name}' is required for inputs of type {_type_name(like)}: msa allocates "
+                    f"outputs only for numpy arrays and torch tensors")
+
+
+def resolve_stream(fn: str, stream, like) -> int:
+    """The CUDA stream handle to launch on. None: torch's current stream of like's device when like
+    is a torch CUDA tensor, else 0 (the default stream; ignored for CPU tensors). An int is a raw
+    cudaStream_t; stream objects are read through .cuda_stream (torch) or .ptr (cupy)."""
+    if stream is None:
+        torch = torch_of(like)
+        if torch is not None and like.is_cuda:
+            return torch.cuda.current_stream(like.device).cuda_stream
+        return 0
+    handle = stream
+    if not isinstance(stream, int):
+        handle = getattr(stream, "cuda_stream", None)
+        if not isinstance(handle, int):
+            handle = getattr(stream, "ptr", None)
+    if not isinstance(handle, int) or isinstance(handle, bool):
+        raise TypeError(f"{fn}: argument 'stream': expected None, an int cudaStream_t or a stream object with "
+                        f".cuda_stream or .ptr, got {_type_name(stream)}")
+    if handle < 0:
+        raise ValueError(f"{fn}: argument 'stream': expected a cudaStream_t handle >= 0, got {handle}")
+    return handle
+
+
+def host_max(fn: str, name: str, x, instead: str) -> int:
+    """max(x) of a small integer tensor read on the host (0 when empty). A CUDA tensor is refused,
+    because reading it would wait on the device; `instead` says which argument avoids the read."""
+    torch = torch_of(x)
+    if torch is not None:
+        if x.device.type != "cpu":
+            raise ValueError(f"{fn}: argument '{name}' is on {x.device} and reading it would wait on the device: "
+                             f"pass {instead}")
+        return int(x.max()) if x.numel() else 0
+    try:
+        a = np.asarray(x)
+    except Exception as e:  # e.g. cupy refuses implicit host copies
+        raise ValueError(f"{fn}: argument '{name}' ({_type_name(x)}) cannot be read on the host: pass {instead}") \
+            from e
+    return int(a.max()) if a.size else 0

@@ -1,0 +1,215 @@
+"""The run-time entry points: attention, the indexer's two steps, and utilities.
+
+Every function takes DLPack tensors of any framework (numpy, torch, cupy, jax, ...): CPU tensors run the
+reference backend, CUDA tensors the GPU kernels. Outputs that are not passed are allocated with the
+framework and on the device of the first tensor argument (numpy and torch only). `stream=None` launches
+on torch's current stream of the tensors' device for torch CUDA tensors, else on stream 0.
+"""
+from __future__ import annotations
+
+import math
+
+from . import _C
+from ._args import integer
+from ._framework import host_max, new_output, resolve_stream
+
+BLOCK = 128  # tokens per selectable block (the contract's fixed block size)
+_LAYOUTS = ("HKT", "THK")
+
+
+def _dim(x, i: int) -> int:
+    """x.shape[i], or 0 when x has too few dimensions (the C++ checks then report the rank)."""
+    shape = getattr(x, "shape", ())
+    return int(shape[i]) if len(shape) > i else 0
+
+
+def _layout(fn: str, layout) -> str:
+    if layout not in _LAYOUTS:
+        raise ValueError(f"{fn}: argument 'layout': expected 'HKT' ([num_heads, max_blocks, total_q]) or 'THK' "
+                         f"([total_q, num_heads, max_blocks]), got {layout!r}")
+    return layout
+
+
+def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, block_idx=None, qo_offset=None,
+              page_indptr=None, out=None, lse=None, return_lse=False, sm_scale=None, validate=False, stream=None):
+    """Paged attention with the plan's configuration: sparse when plan.topk > 0, dense otherwise.
+
+    Args:
+        plan: msa.Plan from plan_prefill or plan_decode, on the tensors' device.
+        q: [total_q, Hq, D], bf16 / fp16 (fp32 also on the CPU).
+        k_cache, v_cache: [num_pages, Hkv, page_size, D | Dv], any strides with the innermost dim contiguous
+            (sglang's slot-major pool [slots, Hkv, D] is view(pages, page_size, Hkv, D).permute(0, 2, 1, 3)).
+        page_table: int32, dense [B, max_pages], or flat [n] together with page_indptr [B+1].
+        qo_indptr: int32 [B+1], cumulative query tokens per request.
+        kv_lens: int32 [B], keys per request.
+        block_idx: int32 [total_q, Hkv, topk], any strides (a [Hkv, total_q, topk] tensor .permute(1, 0, 2));
+            the selected 128-token blocks of each token and KV head, -1 for empty slots, any order.
+            Required for sparse plans, refused for dense ones.
+        qo_offset: int32 [B], absolute position of each request's first query; default kv_len - qo_len.
+        page_indptr: int32 [B+1] for the flat page_table form.
+        out: [total_q, Hq, Dv] in q's dtype; allocated when None.
+        lse: fp32 [total_q, Hq], natural-log sum of exp of the scaled logits (-inf for rows that see no key);
+            written when given, allocated when None and return_lse.
+        return_lse: return (o, lse) instead of o.
+        sm_scale: logit scale; None means head_dim ** -0.5.
+        validate: also scan the page table and block indexes and report the first bad entry (synchronizes
+            for CUDA tensors).
+        stream: CUDA stream (None: torch's current stream for torch CUDA tensors, else 0).
+
+    Returns:
+        o, or (o, lse) when return_lse.
+    """
+    fn = "msa.attention"
+    if not isinstance(plan, _C.Plan):
+        raise TypeError(f"{fn}: argument 'plan': expected an msa.Plan from plan_prefill or plan_decode, "
+                        f"got {type(plan).__name__}")
+    if sm_scale is None:
+        scale = 0.0  # the C++ default: head_dim ** -0.5
+    else:
+        scale = float(sm_scale)
+        if scale == 0.0:
+            raise ValueError(f"{fn}: argument 'sm_scale': expected a nonzero finite number or None, got 0")
+    total_q = _dim(q, 0)
+    if out is None:
+        out = new_output(fn, "out", q, "q", (total_q, plan.num_qo_heads, plan.head_dim_v), "like")
+    if lse is None and return_lse:
+        lse = new_output(fn, "lse", q, "q", (total_q, plan.num_qo_heads), "float32")
+    _C.attention(plan, q, k_cache, v_cache, page_table, page_indptr, qo_indptr, kv_lens, qo_offset, block_idx,
+                 out, lse, scale, bool(validate), resolve_stream(fn, stream, q))
+    return (out, lse) if return_lse else out
+
+
+def block_scores(q, k_index, page_table, qo_indptr, kv_lens, *, qo_offset=None, page_indptr=None, k_scale=None,
+                 max_blocks=None, layout="HKT", causal=True, out=None, validate=False, stream=None):
+    """Indexer step 1: per query token and index head, the max of the raw q.k over the visible keys of
+    each 128-key block (causal, keys < kv_len); -inf where a block has no visible key.
+
+    Args:
+        q: [T, H, D], bf16 / fp16 (fp32 also on the CPU).
+        k_index: [num_pages, Hk, page_size, D] in q's dtype, or float8_e4m3fn with k_scale; H % Hk == 0.
+        page_table, page_indptr, qo_indptr, kv_lens, qo_offset: as for msa.attention.
+        k_scale: fp32 [num_pages, Hk, page_size], per-token scales of an fp8 k_index.
+        max_blocks: block extent of the output; default ceil(max(kv_lens) / 128), which reads kv_lens on the
+            host (pass max_blocks or out for CUDA kv_lens). With out given, out's extent (must match if both).
+        layout: "HKT" (scores [H, max_blocks, T]) or "THK" (scores [T, H, max_blocks]).
+        causal: keys after the query's position are invisible.
+        out: fp32 scores in `layout`; allocated when None.
+        validate: also scan the page table on the host (synchronizes for CUDA tensors).
+        stream: as for msa.attention.
+
+    Returns:
+        scores, fp32 in `layout`.
+    """
+    fn = "msa.block_scores"
+    _layout(fn, layout)
+    if out is None:
+        if max_blocks is None:
+            max_blocks = math.ceil(host_max(fn, "kv_lens", kv_lens, "max_blocks= or out=") / BLOCK)
+        nb = integer(fn, "max_blocks", max_blocks)
+        if nb < 0:
+            raise ValueError(f"{fn}: argument 'max_blocks': expected >= 0, got {nb}")
+        T, H = _dim(q, 0), _dim(q, 1)
+        out = new_output(fn, "out", q, "q", (H, nb, T) if layout == "HKT" else (T, H, nb), "float32")
+    elif max_blocks is not None:
+        have = _dim(out, 1 if layout == "HKT" else 2)
+        if integer(fn, "max_blocks", max_blocks) != have:
+            raise ValueError(f"{fn}: argument 'max_blocks': expected the block extent of out ({have}) or None, "
+                             f"got {max_blocks}")
+    _C.block_scores(q, k_index, k_scale, page_table, page_indptr, qo_indptr, kv_lens, qo_offset, out, layout,
+                    bool(causal), bool(validate), resolve_stream(fn, stream, q))
+    return out
+
+
+def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT", force_begin=0, force_end=1,
+                causal=True, out=None, validate=False, stream=None):
+    """Indexer step 2: per (token, head) row of scores, the topk best causally valid blocks.
+
+    The valid blocks of a query at position p are [0, p // 128] (all when not causal) within
+    [0, ceil(kv_len / 128)); the first force_begin and the last force_end valid blocks are always kept;
+    NaN scores rank lowest; ties go to the lower block index. Rows are written ascending with -1 at the
+    tail (fewer valid blocks than topk).
+
+    Args:
+        scores: fp32 in `layout` ("HKT": [H, max_blocks, T], "THK": [T, H, max_blocks]), e.g. from block_scores.
+        qo_indptr, kv_lens, qo_offset: as for msa.attention.
+        topk: slots per row (1..64 on the GPU).
+        force_begin, force_end: valid blocks always selected at the start and the end (M3: 0 and 1).
+        causal: restrict to blocks up to the query's own block.
+        out: int32 [T, H, topk], any strides; allocated when None.
+        validate: check the lengths against the scores on the host (synchronizes for CUDA tensors).
+        stream: as for msa.attention.
+
+    Returns:
+        block_idx, int32 [T, H, topk].
+    """
+    fn = "msa.select_topk"
+    _layout(fn, layout)
+    topk = integer(fn, "topk", topk)
+    if out is None:
+        T, H = (_dim(scores, 2), _dim(scores, 0)) if layout == "HKT" else (_dim(scores, 0), _dim(scores, 1))
+        out = new_output(fn, "out", scores, "scores", (T, H, max(topk, 0)), "int32")
+    _C.select_topk(scores, qo_indptr, kv_lens, topk, qo_offset, layout, integer(fn, "force_begin", force_begin),
+                   integer(fn, "force_end", force_end), bool(causal), out, bool(validate),
+                   resolve_stream(fn, stream, scores))
+    return out
+
+
+def merge_states(v_parts, lse_parts, *, out=None, lse_out=None, return_lse=False, stream=None):
+    """Merges S partial attention states over disjoint key sets by their LSEs.
+
+    o = sum_s exp(lse_s - lse) * v_s with lse = log(sum_s exp(lse_s)); a part with lse = -inf contributes
+    nothing, and a row whose parts are all -inf gives o = 0, lse = -inf.
+
+    Args:
+        v_parts: [S, T, H, D], fp32 / bf16 / fp16, innermost dim contiguous.
+        lse_parts: fp32 [S, T, H], natural log.
+        out: [T, H, D] (fp32 / bf16 / fp16); allocated in v_parts' dtype when None.
+        lse_out: fp32 [T, H]; written when given, allocated when None and return_lse.
+        return_lse: return (o, lse) instead of o.
+        stream: as for msa.attention.
+
+    Returns:
+        o, or (o, lse) when return_lse.
+    """
+    fn = "msa.merge_states"
+    T, H, D = _dim(v_parts, 1), _dim(v_parts, 2), _dim(v_parts, 3)
+    if out is None:
+        out = new_output(fn, "out", v_parts, "v_parts", (T, H, D), "like")
+    if lse_out is None and return_lse:
+        lse_out = new_output(fn, "lse_out", v_parts, "v_parts", (T, H), "float32")
+    _C.merge_states(v_parts, lse_parts, out, lse_out, resolve_stream(fn, stream, v_parts))
+    return (out, lse_out) if return_lse else out
+
+
+def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max_pages=None, out=None,
+                     stream=None):
+    """Dense page table from a serving engine's token-to-slot map (sglang's req_to_token).
+
+    out[b, p] = req_to_token[req_pool_indices[b], p * page_size] // page_size for
+    p < ceil(seq_lens[b] / page_size), and -1 for the rest of the row.
+
+    Args:
+        req_to_token: int32 [pool_size, max_context].
+        req_pool_indices: int32 / int64 [B], the row of req_to_token of each request.
+        seq_lens: int32 / int64 [B], tokens per request.
+        page_size: tokens per page.
+        max_pages: row width of the output; default ceil(max_context / page_size), enough for any length
+            and independent of the lengths (no host read, stable shape across steps).
+        out: int32 [B, max_pages] with contiguous rows; allocated when None.
+        stream: as for msa.attention.
+
+    Returns:
+        page_table, int32 [B, max_pages].
+    """
+    fn = "msa.build_page_table"
+    page_size = integer(fn, "page_size", page_size)
+    if out is None:
+        if max_pages is None:
+            max_pages = -(-_dim(req_to_token, 1) // page_size) if page_size > 0 else 0
+        width = integer(fn, "max_pages", max_pages)
+        if width < 0:
+            raise ValueError(f"{fn}: argument 'max_pages': expected >= 0, got {width}")
+        out = new_output(fn, "out", req_to_token, "req_to_token", (_dim(req_pool_indices, 0), width), "int32")
+    _C.build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, out,
+                        resolve_stream(fn, stream, req_to_token))
+    return out

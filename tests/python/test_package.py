@@ -1,0 +1,78 @@
+"""The package itself: importing without torch, the public names and their docstrings, plan properties,
+host length and device arguments."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import msa
+
+PUBLIC = ["Plan", "attention", "block_scores", "build_page_table", "cuda_available", "merge_states",
+          "plan_decode", "plan_prefill", "select_topk"]
+
+
+def test_import_and_run_without_torch():
+    """`import msa` must never import torch: run a small attention with torch made unimportable."""
+    code = textwrap.dedent("""
+        import sys
+
+        class BlockTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is blocked in this test")
+
+        sys.meta_path.insert(0, BlockTorch())
+        import numpy as np
+        import msa
+
+        plan = msa.plan_prefill([3], [200], num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=64)
+        q = np.ones((3, 2, 64), np.float32)
+        k = np.ones((4, 1, 64, 64), np.float32)
+        o = msa.attention(plan, q, k, k, np.arange(4, dtype=np.int32)[None], np.array([0, 3], np.int32),
+                          np.array([200], np.int32))
+        assert np.allclose(o, 1.0), o
+        assert "torch" not in sys.modules
+        print("ok")
+    """)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(msa.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_root, os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_public_names_have_docstrings():
+    assert sorted(msa.__all__) == sorted(PUBLIC)
+    for name in PUBLIC:
+        doc = getattr(msa, name).__doc__
+        assert doc and len(doc.strip()) > 20, name
+    assert msa.__version__ == "0.1.0"
+    assert isinstance(msa.cuda_available(), bool)
+
+
+def test_prefill_plan_properties():
+    plan = msa.plan_prefill((3, 0, 7), np.array([300, 10, 7], np.uint16), num_qo_heads=8, num_kv_heads=2,
+                            head_dim=128, head_dim_v=64, page_size=32, topk=5, causal=False,
+                            qo_offset=[1, 2, 0], device="cpu:0")
+    assert isinstance(plan, msa.Plan)
+    assert (plan.phase, plan.device, plan.batch_size, plan.max_qo_len, plan.max_kv_len, plan.total_q) == \
+        ("prefill", "cpu", 3, 7, 300, 10)
+    assert (plan.num_qo_heads, plan.num_kv_heads, plan.head_dim, plan.head_dim_v, plan.page_size, plan.topk,
+            plan.causal) == (8, 2, 128, 64, 32, 5, False)
+    assert repr(plan) == ("msa.Plan(phase='prefill', device='cpu', batch_size=3, max_qo_len=7, max_kv_len=300, "
+                          "total_q=10, num_qo_heads=8, num_kv_heads=2, head_dim=128, head_dim_v=64, page_size=32, "
+                          "topk=5, causal=False)")
+    with pytest.raises(AttributeError):
+        plan.topk = 3
+
+
+def test_head_dim_v_defaults_to_head_dim():
+    plan = msa.plan_decode(np.int64(2), 1, 100, num_qo_heads=4, num_kv_heads=4, head_dim=256)
+    assert plan.head_dim_v == 256 and plan.total_q == 2
+
+
+def test_empty_batch_is_rejected():
+    with pytest.raises(ValueError, match="'qo_lens'"):
+        msa.plan_prefill([], [], num_qo_heads=2, num_kv_heads=1)
