@@ -52,6 +52,10 @@ const ArgCheck& ArgCheck::size_at_least(int dim, int64_t expected, const char* w
 }
 
 const ArgCheck& ArgCheck::device(Device d) const {
+  // A CPU tensor where a CUDA one is due (or back) is a wrong device kind: TypeError, as error.h and
+  // docs/python_api.md say; another GPU ordinal of the right kind is a wrong value.
+  MSA_CHECK(t.device().type == d.type, kType, fn, ": argument '", name, "': expected a tensor on ", device_name(d),
+            ", got ", device_name(t.device()));
   MSA_CHECK(t.device() == d, kValue, fn, ": argument '", name, "': expected a tensor on ", device_name(d), ", got ",
             device_name(t.device()));
   return *this;

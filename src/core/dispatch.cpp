@@ -229,7 +229,7 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
   arg(fn, "v", v).present().dtype({q.dtype()}).ndim(4, "[num_pages, num_kv_heads, page_size, head_dim_v]")
       .device(dev).size(0, k.size(0), "num_pages, as k").size(1, c.num_kv_heads, "num_kv_heads")
       .size(2, c.page_size, "page_size").size(3, c.dv(), "head_dim_v").inner_contiguous().nonneg_strides();
-  arg(fn, "o", o).present().dtype({q.dtype()}).ndim(3, "[total_q, num_qo_heads, head_dim_v]").device(dev)
+  arg(fn, "out", o).present().dtype({q.dtype()}).ndim(3, "[total_q, num_qo_heads, head_dim_v]").device(dev)
       .size(0, total_q, "total_q").size(1, c.num_qo_heads, "num_qo_heads").size(2, c.dv(), "head_dim_v")
       .inner_contiguous().nonneg_strides();
   if (lse.defined())
@@ -246,7 +246,7 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
               ": argument 'block_idx': the plan is dense (topk = 0); build it with topk > 0 for sparse attention");
   }
   if (gpu) {
-    for (auto [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}})
+    for (auto [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &o}})
       arg(fn, name, *t).aligned(16);
   }
   const int64_t B = plan.batch_size();
@@ -405,10 +405,10 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
   }
   const int max_topk = gpu ? 64 : 1 << 20;
   MSA_CHECK(topk >= 1 && topk <= max_topk, kValue, fn, ": argument 'topk': expected 1..", max_topk, ", got ", topk);
-  MSA_CHECK(force_begin >= 0, kValue, fn, ": argument 'force_begin_blocks': expected >= 0, got ", force_begin);
-  MSA_CHECK(force_end >= 0, kValue, fn, ": argument 'force_end_blocks': expected >= 0, got ", force_end);
+  MSA_CHECK(force_begin >= 0, kValue, fn, ": argument 'force_begin': expected >= 0, got ", force_begin);
+  MSA_CHECK(force_end >= 0, kValue, fn, ": argument 'force_end': expected >= 0, got ", force_end);
   MSA_CHECK(force_begin + force_end <= topk, kValue, fn,
-            ": arguments 'force_begin_blocks' + 'force_end_blocks': expected <= topk = ", topk, ", got ",
+            ": arguments 'force_begin' + 'force_end': expected <= topk = ", topk, ", got ",
             force_begin + force_end);
   arg(fn, "out", out).present().dtype({DType::kI32}).ndim(3, "[total_q, num_heads, topk]").device(dev)
       .size(0, T, "total_q").size(1, H, "num_heads").size(2, topk, "topk").nonneg_strides();
@@ -452,7 +452,7 @@ void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const 
   const int64_t S = v_parts.size(0), T = v_parts.size(1), H = v_parts.size(2), D = v_parts.size(3);
   arg(fn, "lse_parts", lse_parts).present().dtype({DType::kF32}).ndim(3, "[num_splits, total_q, num_heads]")
       .device(dev).size(0, S, "num_splits").size(1, T, "total_q").size(2, H, "num_heads").nonneg_strides();
-  arg(fn, "o", o).present().dtype({DType::kF32, DType::kBF16, DType::kF16}).ndim(3, "[total_q, num_heads, head_dim]")
+  arg(fn, "out", o).present().dtype({DType::kF32, DType::kBF16, DType::kF16}).ndim(3, "[total_q, num_heads, head_dim]")
       .device(dev).size(0, T, "total_q").size(1, H, "num_heads").size(2, D, "head_dim").inner_contiguous()
       .nonneg_strides();
   if (lse_out.defined())
