@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build for the local GPU, run the GPU tests and (optionally) benchmarks.
+# Logs and result files go to $OUT (default ./out). Usage:
+#   scripts/device_check.sh [build] [test[=PYTEST_ARGS]] [demo] [sanitize] [bench=NAME[:ARGS]] ...
+# e.g. scripts/device_check.sh build test bench=decode:--quick
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/build/python
+ARCH=${MSA_CUDA_ARCH:-90a-real}
+rc=0
+step() { echo "== $* ($(date +%T))"; }
+for stage in "$@"; do
+  case "$stage" in
+    build)
+      step build
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
+      cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DMSA_BUILD_TESTS=ON > "$OUT/cmake.log" 2>&1 \
+        || { tail -30 "$OUT/cmake.log"; exit 1; }
+      ( time cmake --build build -j"$(nproc)" ) > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+      tail -3 "$OUT/build.log" ;;
+    test|test=*)
+      args=${stage#test}; args=${args#=}
+      step "pytest -m gpu $args"
+      python3 -m pytest -q -m gpu -p no:cacheprovider ${args:-tests/python} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+    demo)
+      step demo
+      ./build/msa demo 2>&1 | tee "$OUT/demo.log" | tail -15; [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+    sanitize=*)
+      script=${stage#sanitize=}
+      for tool in memcheck racecheck synccheck; do
+        step "compute-sanitizer $tool $script"
+        compute-sanitizer --tool $tool --error-exitcode 9 python3 "$script" > "$OUT/sanitize_${tool}.log" 2>&1
+        r=$?; tail -4 "$OUT/sanitize_${tool}.log"; [ $r = 0 ] || rc=1
+      done ;;
+    bench=*)
+      spec=${stage#bench=}; name=${spec%%:*}; bargs=""; [ "$spec" != "$name" ] && bargs=${spec#*:}
+      step "bench $name $bargs"
+      python3 "bench/$name.py" ${bargs//,/ } 2>&1 | tee "$OUT/bench_$name.log" | tail -40
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+exit $rc
