@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build for the local GPU, run the GPU tests and (optionally) benchmarks.
-# Logs and result files go to $OUT (default ./out). Usage:
+# Logs and result files are written to a staging folder and packed into $OUT/results.tgz at exit
+# (the device tool returns at most 8 files), with the console summary in $OUT/summary.txt. Usage:
 #   scripts/device_check.sh [build] [test[=PYTEST_ARGS]] [demo] [sanitize] [bench=NAME[:ARGS]] ...
 # e.g. scripts/device_check.sh build test bench=decode:--quick
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/build/python
+FINAL=${OUT:-$PWD/out}
+OUT=$(mktemp -d)
+mkdir -p "$FINAL"
+pack() { tar -C "$OUT" -czf "$FINAL/results.tgz" . ; }
+trap pack EXIT
+exec > >(tee "$FINAL/summary.txt") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/build/python OUT
 ARCH=${MSA_CUDA_ARCH:-90a-real}
 rc=0
 step() { echo "== $* ($(date +%T))"; }
