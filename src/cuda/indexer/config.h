@@ -1,0 +1,48 @@
+// Tile sizes and limits of the CUDA indexer (block_scores, select_topk), with the numbers behind them.
+// Everything tunable lives here; docs/indexer.md has the derivations.
+#pragma once
+
+namespace msa::detail::cuda::indexer {
+
+inline constexpr int kBlock = 128;    // keys per scored block (contract §4)
+inline constexpr int kHeadDim = 128;  // index head dim the kernels are built for (M3: 128)
+
+// ---- Decode scores (scores_stream.cuh): bandwidth-bound, keys as the mma M dimension.
+// A request's keys are spread over CTAs of kStreamBlocksPerCta blocks; B=64 x 512 blocks gives 4096
+// CTAs, ~10 waves of 3 resident CTAs per SM, so the tail wave costs little.
+inline constexpr int kStreamWarps = 4;
+inline constexpr int kStreamBlocksPerCta = 8;
+inline constexpr int kStreamCols = 8;  // mma n: (token, head) columns per pass over the keys
+// Bytes of index K each thread has in flight per step: 256 B = 2 tiles of 16 bf16 keys (64 registers).
+// 16 warps/SM x 32 lanes x 256 B = 128 KB in flight per SM, ~3x what 4.8 TB/s x ~1 us latency needs.
+inline constexpr int kStreamStepBytes = 256;
+// Register budget: 3 CTAs (12 warps) per SM allow 168 registers, enough for the 64 registers of loads
+// in flight, 16 of query fragments and the 64-bit row addresses without spilling; 12 warps x 8 KB in
+// flight per SM still triple the ~36 KB that hide DRAM latency.
+inline constexpr int kStreamMinCtasPerSm = 3;
+// block_scores takes the streaming kernel when total_q <= this many tokens per request (decode, MTP).
+inline constexpr int kStreamMaxTokensPerRequest = 4;
+
+// ---- Prefill scores on sm_90a (scores_sm90.cuh): (token, head) rows as wgmma M, a 128-key block as N.
+// 4 consumer warpgroups x m64 = 256 rows (64 tokens x 4 heads): each 32 KB key block staged once serves
+// 256 rows, so P-32K reads 2.2 GB of keys from L2 (M=128 would need 4.3 GB).
+inline constexpr int kSm90ConsumerWarpgroups = 4;
+inline constexpr int kSm90Rows = 64 * kSm90ConsumerWarpgroups;
+inline constexpr int kSm90Threads = 128 * kSm90ConsumerWarpgroups + 32;  // + one cp.async producer warp
+inline constexpr int kSm90Stages = 4;                                     // 4 x 32 KB of keys + 64 KB of q
+// Blocks per CTA along the keys: no reduction crosses blocks, so splitting keys over CTAs is free and
+// keeps P-chunk (64 tiles) from leaving SMs idle; 64 blocks amortize the q load (64 KB vs 2 MB of keys).
+inline constexpr int kPrefillRangeBlocks = 64;
+
+// ---- Prefill scores, portable (scores_portable.cuh, mma.sync, sm_80+; also fp8 keys on sm_90).
+inline constexpr int kPortableWarps = 4;
+inline constexpr int kPortableRows = 16 * kPortableWarps;  // m16 per warp
+inline constexpr int kPortableStages = 3;
+
+// ---- select_topk (topk.cuh): one warp per (token, head) row, the row's keys in registers.
+inline constexpr int kTopkMaxK = 64;
+inline constexpr int kTopkWarps = 8;                 // rows per CTA
+inline constexpr int kTopkMaxRegBlocks = 32 * 64;    // 64 keys per lane: rows up to 2048 blocks (256K tokens)
+inline constexpr int kTopkMaxSmemBlocks = 1 << 15;   // longer rows: 128 KB of shared memory per row (4M tokens)
+
+}  // namespace msa::detail::cuda::indexer

@@ -1,0 +1,259 @@
+// Device helpers shared by the indexer kernels: request and page-table lookups that never read out of
+// bounds whatever the device values, the PTX the kernels use, and fp8 / fp16 conversions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/params.h"
+#include "cuda/indexer/config.h"
+
+namespace msa::detail::cuda::indexer {
+
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+template <typename T>
+__device__ __forceinline__ T clamp_to(T v, T lo, T hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// ---------------------------------------------------------------------------------------------
+// Requests. Device lengths are unchecked (graph replay): every value is clamped before use.
+struct Request {
+  int64_t q_begin = 0;  // first token of the request in [0, total_q]
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  int64_t offset = 0;   // absolute position of the first query
+};
+
+__device__ __forceinline__ Request load_request(const SeqParams& s, int b) {
+  Request r;
+  const int64_t T = s.total_q;
+  const int64_t q0 = clamp_to<int64_t>(s.qo_indptr[b], 0, T);
+  const int64_t q1 = clamp_to<int64_t>(s.qo_indptr[b + 1], q0, T);
+  r.q_begin = q0;
+  r.q_len = q1 - q0;
+  r.kv_len = s.kv_lens[b] > 0 ? s.kv_lens[b] : 0;
+  r.offset = s.qo_offset ? static_cast<int64_t>(s.qo_offset[b]) : r.kv_len - r.q_len;
+  return r;
+}
+
+// Keys [0, visible_end) are visible to the query at absolute position pos.
+__device__ __forceinline__ int64_t visible_end(const Request& r, int64_t pos, bool causal) {
+  const int64_t hi = causal ? (pos + 1 < r.kv_len ? pos + 1 : r.kv_len) : r.kv_len;
+  return hi > 0 ? hi : 0;
+}
+
+// Largest b in [0, n) with key(b) <= x (key non-decreasing in b), or -1; the whole warp calls it and
+// gets the same answer. Two rounds of 32 probes cover 1024 requests; each round is one load per lane.
+template <typename Key>
+__device__ __forceinline__ int warp_last_le(int n, int64_t x, Key key) {
+  const int lane = threadIdx.x & 31;
+  int lo = 0, len = n;
+  while (len > 32) {
+    const int step = (len + 31) / 32;
+    const int idx = lo + lane * step;
+    const bool ok = idx < lo + len && key(idx) <= x;
+    const unsigned m = __ballot_sync(kFullMask, ok);
+    if (m == 0) return -1;
+    lo += (31 - __clz(m)) * step;
+    len = min(step, n - lo);
+  }
+  const bool ok = lane < len && key(lo + lane) <= x;
+  const unsigned m = __ballot_sync(kFullMask, ok);
+  return m ? lo + 31 - __clz(m) : -1;
+}
+
+// Token tiles of a ragged batch without host lengths: request b's tiles start at slot
+// floor(qo_indptr[b] / tile) + b, which never overlaps request b+1's (see docs/indexer.md), so a grid of
+// floor(total_q / tile) + B slots covers every tile. Returns b (or -1) and the tile index within it.
+__device__ __forceinline__ int slot_to_request(const SeqParams& s, int64_t slot, int tile_tokens, int64_t* tile) {
+  const int64_t T = s.total_q;
+  auto start = [&](int b) { return clamp_to<int64_t>(s.qo_indptr[b], 0, T) / tile_tokens + b; };
+  const int b = warp_last_le(s.batch_size, slot, start);
+  if (b >= 0) *tile = slot - start(b);
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paged keys.
+struct PageRow {
+  const int32_t* entries = nullptr;
+  int64_t len = 0;
+};
+
+__device__ __forceinline__ PageRow page_row(const PageTableParams& pt, int b) {
+  PageRow r;
+  if (pt.indptr) {
+    const int64_t cap = pt.row_capacity;
+    const int64_t s = clamp_to<int64_t>(pt.indptr[b], 0, cap);
+    const int64_t e = clamp_to<int64_t>(pt.indptr[b + 1], s, cap);
+    r.entries = pt.table + s;
+    r.len = e - s;
+  } else {
+    r.entries = pt.table + static_cast<int64_t>(b) * pt.row_stride;
+    r.len = pt.row_capacity;
+  }
+  return r;
+}
+
+// Physical page of logical page lp, or -1 when the entry is outside the row or the pool.
+__device__ __forceinline__ int page_of(const PageRow& r, int64_t lp, int num_pages) {
+  if (lp < 0 || lp >= r.len) return -1;
+  const int pg = __ldg(r.entries + lp);
+  return (pg >= 0 && pg < num_pages) ? pg : -1;
+}
+
+// Logical page and slot of key j: a shift for power-of-two page sizes, a division otherwise.
+struct PageDiv {
+  int size = 1;
+  int shift = -1;  // log2(size) when size is a power of two
+  __device__ __forceinline__ void split(int64_t j, int64_t* lp, int* off) const {
+    if (shift >= 0) {
+      *lp = j >> shift;
+      *off = static_cast<int>(j & (size - 1));
+    } else {
+      *lp = j / size;
+      *off = static_cast<int>(j - *lp * size);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Loads and async copies.
+
+// 16-byte streaming load of index K: read once, so kept out of L1, and the L2 asked to fetch 256 B
+// (a whole bf16 key row) per miss. volatile: the callers guard these loads with a pointer check, which
+// the compiler must not hoist them above.
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint4 ld_nc16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; src_bytes = 0 fills zeros without reading src.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// ---------------------------------------------------------------------------------------------
+// mma.sync m16n8k16 (fp32 accumulate): c += A(16x16, row) * B(16x8, col).
+template <bool kF16>
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  if constexpr (kF16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp8 e4m3 keys become fp16 for the mma: exact, since every e4m3 value is an fp16 value. sm_89+ has a
+// conversion instruction; elsewhere the bits are moved into place, which yields value * 2^-8 (the
+// exponent bias differs by 8, subnormals included), undone by f8_unscale().
+__device__ __forceinline__ float f8_unscale() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return 1.f;
+#else
+  return 256.f;
+#endif
+}
+
+// Four e4m3 bytes (lowest first) -> two f16x2 words: {bytes 0,1}, {bytes 2,3}.
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t w) {
+  uint2 r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n cvt.rn.f16x2.e4m3x2 %1, hi;\n}"
+      : "=r"(r.x), "=r"(r.y)
+      : "r"(w));
+#else
+  const uint32_t lo = __byte_perm(w, 0u, 0x1404);  // bytes 0,1 into the high byte of each half
+  const uint32_t hi = __byte_perm(w, 0u, 0x3424);  // bytes 2,3
+  r.x = ((lo >> 1) & 0x3F803F80u) | (lo & 0x80008000u);
+  r.y = ((hi >> 1) & 0x3F803F80u) | (hi & 0x80008000u);
+#endif
+  return r;
+}
+
+// Per-row power-of-two scale that brings a query row into fp16 range for the fp8 path: amax * 2^e lands
+// in [2^14, 2^15), so a bf16 row converts to fp16 without overflow or loss of its 8 significant bits.
+// Returns e in [-126, 126] so that both 2^e and 2^-e are normal floats.
+__device__ __forceinline__ int fp16_row_exponent(float amax) {
+  const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
+  return clamp_to(141 - biased, -126, 126);
+}
+__device__ __forceinline__ float exp2_int(int e) { return __uint_as_float(static_cast<uint32_t>(127 + e) << 23); }
+
+template <typename T>
+__device__ __forceinline__ float2 to_float2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  }
+}
+
+__device__ __forceinline__ uint32_t float2_to_f16x2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float amax_of(uint32_t w, bool bf16) {
+  const float2 f = bf16 ? to_float2<__nv_bfloat16>(w) : to_float2<__half>(w);
+  return fmaxf(fabsf(f.x), fabsf(f.y));
+}
+
+// Rescales 8 query elements (one 16-byte chunk in q's dtype) by 2^e into fp16.
+template <typename QT>
+__device__ __forceinline__ uint4 chunk_to_scaled_f16(uint4 v, float scale) {
+  uint4 r;
+  float2 f;
+  f = to_float2<QT>(v.x), r.x = float2_to_f16x2(f.x * scale, f.y * scale);
+  f = to_float2<QT>(v.y), r.y = float2_to_f16x2(f.x * scale, f.y * scale);
+  f = to_float2<QT>(v.z), r.z = float2_to_f16x2(f.x * scale, f.y * scale);
+  f = to_float2<QT>(v.w), r.w = float2_to_f16x2(f.x * scale, f.y * scale);
+  return r;
+}
+
+template <typename QT>
+__device__ __forceinline__ float chunk_amax(uint4 v) {
+  const bool bf16 = std::is_same_v<QT, __nv_bfloat16>;
+  return fmaxf(fmaxf(amax_of(v.x, bf16), amax_of(v.y, bf16)), fmaxf(amax_of(v.z, bf16), amax_of(v.w, bf16)));
+}
+
+__device__ __forceinline__ float warp_max_xor(float v, int from, int to) {
+  for (int m = from; m <= to; m <<= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
+  return v;
+}
+
+}  // namespace msa::detail::cuda::indexer

@@ -1,0 +1,84 @@
+// The indexer entry points of the CUDA backend (core/backend.h): pick a kernel family from what the host
+// knows (token and request counts, device, dtypes), never from device lengths, and launch on `stream`.
+#include <cstdlib>
+#include <cstring>
+
+#include "core/backend.h"
+#include "cuda/common/check.cuh"
+#include "cuda/common/device_buffer.cuh"
+#include "cuda/indexer/config.h"
+#include "cuda/indexer/launch.h"
+#include "msa/error.h"
+
+namespace msa::detail::cuda {
+
+namespace {
+
+// MSA_INDEXER_PREFILL=portable routes prefill-shaped batches to the mma.sync kernel on sm_90 too, so
+// that the benchmarks and tests can measure and check the sm_80 path on a Hopper machine.
+bool force_portable_prefill() {
+  const char* v = std::getenv("MSA_INDEXER_PREFILL");
+  return v != nullptr && std::strcmp(v, "portable") == 0;
+}
+
+int device_of(const void* ptr, const char* fn) {
+  cudaPointerAttributes attr{};
+  MSA_CUDA_CHECK(cudaPointerGetAttributes(&attr, ptr));
+  MSA_CHECK(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged, kValue, fn,
+            ": expected CUDA device memory, got a pointer of memory type ", static_cast<int>(attr.type));
+  return attr.device;
+}
+
+}  // namespace
+
+namespace indexer {
+
+int page_shift(int page_size) {
+  if (page_size <= 0 || (page_size & (page_size - 1))) return -1;
+  int s = 0;
+  while ((1 << s) < page_size) ++s;
+  return s;
+}
+
+}  // namespace indexer
+
+void block_scores(const BlockScoresParams& p, void* stream) {
+  using namespace indexer;
+  const char* fn = "msa.block_scores";
+  MSA_CHECK(p.block_size == kBlock, kNotImplemented, fn, ": the CUDA kernels score blocks of ", kBlock,
+            " keys, got block_size = ", p.block_size);
+  MSA_CHECK(p.head_dim == kHeadDim, kNotImplemented, fn, ": argument 'q': the CUDA indexer is built for head_dim = ",
+            kHeadDim, ", got ", p.head_dim);
+  MSA_CHECK(p.seqs.total_q < (int64_t{1} << 31), kNotImplemented, fn, ": argument 'q': ", p.seqs.total_q,
+            " tokens exceed the kernels' 32-bit token count");
+  const int device = device_of(p.q, fn);
+  DeviceGuard guard(device);
+  auto st = static_cast<cudaStream_t>(stream);
+  const int64_t T = p.seqs.total_q, B = p.seqs.batch_size;
+  const int G = p.num_heads / p.k.num_heads;
+  const bool fp8 = p.k_dtype == ScalarType::kF8E4M3;
+  if (T <= kStreamMaxTokensPerRequest * B) {
+    MSA_CHECK(B <= 0x7fffffffLL, kNotImplemented, fn, ": ", B, " requests exceed the CUDA grid");
+    launch_scores_stream(p, st);
+  } else if (!fp8 && G <= kSm90Rows && compute_capability(device) == 90 && !force_portable_prefill() &&
+             sm90_scores_available(device)) {
+    launch_scores_sm90(p, st);
+  } else if (G <= kPortableRows) {
+    launch_scores_portable(p, st);
+  } else {
+    launch_scores_stream(p, st);  // head groups wider than a prefill tile: correct, not tuned
+  }
+}
+
+void select_topk(const SelectTopkParams& p, void* stream) {
+  using namespace indexer;
+  const char* fn = "msa.select_topk";
+  MSA_CHECK(p.block_size == kBlock, kNotImplemented, fn, ": the CUDA kernel selects blocks of ", kBlock,
+            " keys, got block_size = ", p.block_size);
+  MSA_CHECK(p.topk >= 1 && p.topk <= kTopkMaxK, kValue, fn, ": argument 'topk': expected 1..", kTopkMaxK, ", got ",
+            p.topk);
+  DeviceGuard guard(device_of(p.scores, fn));
+  launch_select_topk(p, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace msa::detail::cuda

@@ -1,0 +1,27 @@
+// Host-side launchers of the indexer kernels (one translation unit per kernel family so that they
+// compile in parallel). Each only enqueues work on `stream`: no allocation, no synchronization.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/params.h"
+
+namespace msa::detail::cuda::indexer {
+
+// log2(page_size) when it is a power of two, else -1 (the kernels then divide).
+int page_shift(int page_size);
+
+// Decode-shaped batches (few tokens per request): keys streamed once, any dtype, any head grouping.
+void launch_scores_stream(const BlockScoresParams& p, cudaStream_t stream);
+
+// Prefill on sm_90a (wgmma), bf16/fp16 index keys, head group <= kSm90Rows. False when this binary
+// holds no sm_90a code for the kernel (nothing is launched then).
+bool sm90_scores_available(int device);
+void launch_scores_sm90(const BlockScoresParams& p, cudaStream_t stream);
+
+// Prefill on any sm_80+ device (mma.sync), bf16/fp16/fp8 index keys, head group <= kPortableRows.
+void launch_scores_portable(const BlockScoresParams& p, cudaStream_t stream);
+
+void launch_select_topk(const SelectTopkParams& p, cudaStream_t stream);
+
+}  // namespace msa::detail::cuda::indexer

@@ -1,0 +1,210 @@
+// Prefill block scores on sm_90a: (token, head) rows as the wgmma M dimension, one 128-key block as N.
+//
+// CTA = 4 consumer warpgroups (64 rows each: 256 rows = 64 tokens x 4 heads of one index-K head) + one
+// producer warp. Work item = (token tile, range of kPrefillRangeBlocks blocks, index-K head); items are
+// independent because a block's max needs no other block. The producer gathers each visible block's
+// 128 key rows from the paged cache with cp.async (any page size, any token stride; pages outside the
+// pool read as zeros) into a 128-byte-swizzled K-major tile, kSm90Stages deep, and releases a full
+// mbarrier once its copies have landed and been fenced for the async proxy. Each consumer warpgroup holds its 64 query rows in shared memory and
+// issues 8 wgmma m64n128k16 per block; the row max of the 64x128 fp32 accumulator is a register max
+// over 32 columns plus two quad shuffles, with the causal mask applied only on the diagonal blocks.
+// Blocks no row of the tile can see are written -inf without being loaded.
+#pragma once
+
+#include "cuda/indexer/device.cuh"
+#include "cuda/indexer/sm90_ptx.cuh"
+
+namespace msa::detail::cuda::indexer {
+
+inline constexpr int kSm90QHalfBytes = kSm90Rows * 128;      // 64 of the 128 dims, one 128-byte row each
+inline constexpr int kSm90KHalfBytes = kBlock * 128;
+inline constexpr int kSm90KStageBytes = 2 * kSm90KHalfBytes;  // 32 KB
+inline constexpr int kSm90SmemBytes = 1024 /* alignment slack */ + 2 * kSm90QHalfBytes +
+                                      kSm90Stages * kSm90KStageBytes + 2 * kSm90Stages * 8;
+
+// Byte offset of 16-byte chunk c (0..15) of row r in a [2 halves][rows][128 B] 128B-swizzled tile.
+__device__ __forceinline__ uint32_t swizzled_chunk(int r, int c, int half_bytes) {
+  return (c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+template <bool kF16>
+__global__ void __launch_bounds__(kSm90Threads, 1)
+    scores_sm90_kernel(const BlockScoresParams p, int tile_tokens, int page_shift) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  using QT = std::conditional_t<kF16, __half, __nv_bfloat16>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t q_s = smem_u32(smem);
+  const uint32_t k_s = q_s + 2 * kSm90QHalfBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + 2 * kSm90QHalfBytes + kSm90Stages * kSm90KStageBytes);
+  uint64_t* empty = full + kSm90Stages;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int G = p.num_heads / p.k.num_heads, kh = blockIdx.z;
+  const int64_t slot = gridDim.x - 1 - blockIdx.x;  // last tiles first: they have the most blocks
+  int64_t tile = 0;
+  const int b = slot_to_request(p.seqs, slot, tile_tokens, &tile);
+  if (b < 0) return;
+  const Request rq = load_request(p.seqs, b);
+  const int64_t tok0 = tile * tile_tokens;
+  if (tok0 >= rq.q_len) return;
+  const int ntok = static_cast<int>(min64(tile_tokens, rq.q_len - tok0));
+  const int64_t hi_first = visible_end(rq, rq.offset + tok0, p.causal);
+  const int64_t hi_last = visible_end(rq, rq.offset + tok0 + ntok - 1, p.causal);
+  const int blk_begin = blockIdx.y * kPrefillRangeBlocks;
+  const int blk_end = static_cast<int>(min64(blk_begin + kPrefillRangeBlocks, p.max_blocks));
+  const int nb_vis = static_cast<int>(min64((hi_last + kBlock - 1) / kBlock, p.max_blocks));
+  const int ncomp = max(min(blk_end, nb_vis) - blk_begin, 0);
+  const int64_t tok_base = rq.q_begin + tok0;
+
+  if (warp < 4 * kSm90ConsumerWarpgroups) {  // -inf where no row of the tile sees a key
+    const int fill_begin = max(blk_begin, nb_vis);
+    const int per_blk = ntok * G;
+    const int total = (blk_end - fill_begin) * per_blk;
+    for (int e = threadIdx.x; e < total; e += 128 * kSm90ConsumerWarpgroups) {
+      const int i = e % ntok, j = (e / ntok) % G, blk = fill_begin + e / per_blk;
+      p.out[(tok_base + i) * p.out_stride_token + (kh * G + j) * p.out_stride_head + blk * p.out_stride_block] =
+          -INFINITY;
+    }
+  }
+  if (ncomp == 0) return;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kSm90Stages; ++s) {
+      mbar_init(full + s, 32);                            // one arrival per producer lane
+      mbar_init(empty + s, 4 * kSm90ConsumerWarpgroups);  // one arrival per consumer warp
+    }
+  }
+  __syncthreads();
+
+  if (warp == 4 * kSm90ConsumerWarpgroups) {
+    // ---------------- producer: gather key blocks into the stage ring ----------------
+    // Lane l resolves the source rows l, l+32, l+64, l+96 of a block (page lookup, 64-bit address);
+    // the copy loop then fetches each row's address with a shuffle: ~18 instructions per 16-byte copy.
+    const PageRow pr = page_row(p.pages, b);
+    const PageDiv pd{p.k.page_size, page_shift};
+    const char* kbase = static_cast<const char*>(p.k.data) + kh * p.k.stride_head * 2;
+    const int64_t sp = p.k.stride_page * 2, st = p.k.stride_token * 2;
+    const int c = lane & 15, half = lane >> 4;
+    for (int it = 0; it < ncomp; ++it) {
+      const int stage = it % kSm90Stages;
+      const int64_t key0 = static_cast<int64_t>(blk_begin + it) * kBlock;
+      unsigned long long row_addr[kBlock / 32];
+#pragma unroll
+      for (int q = 0; q < kBlock / 32; ++q) {
+        const int64_t j = key0 + lane + 32 * q;
+        int64_t lp;
+        int off;
+        pd.split(j, &lp, &off);
+        const int pg = j < hi_last ? page_of(pr, lp, p.pages.num_pages) : -1;
+        row_addr[q] = pg >= 0 ? reinterpret_cast<unsigned long long>(kbase + pg * sp + off * st) : 0ull;
+      }
+      if (it >= kSm90Stages) mbar_wait(empty + stage, ((it / kSm90Stages) - 1) & 1);
+      const uint32_t dst_stage = k_s + stage * kSm90KStageBytes;
+#pragma unroll
+      for (int m = 0; m < kBlock / 2; ++m) {
+        const int r = 2 * m + half;
+        const unsigned long long a = __shfl_sync(kFullMask, row_addr[m / 16], r & 31);
+        const char* src = a ? reinterpret_cast<const char*>(a) + c * 16 : kbase;
+        cp_async16(dst_stage + swizzled_chunk(r, c, kSm90KHalfBytes), src, a ? 16 : 0);
+      }
+      cp_async_commit();
+      // Block it-1 is signalled once block it is in flight: wait for its copies, make them visible to
+      // the async proxy (wgmma), release. The one-block lag never stalls the consumers, who need it-1
+      // only after finishing it-2, while issuing `it` needed just block it-4 finished.
+      if (it > 0) {
+        cp_async_wait<1>();
+        fence_proxy_async();
+        mbar_arrive(full + (it - 1) % kSm90Stages);
+      }
+    }
+    cp_async_wait_all();
+    fence_proxy_async();
+    mbar_arrive(full + (ncomp - 1) % kSm90Stages);
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  const int wg = warp >> 2, wi = warp & 3, tid = threadIdx.x & 127;
+  const int rows = tile_tokens * G;
+  // This warpgroup's 64 query rows -> shared memory (row r = token r / G, head r % G).
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    const int q = tid + 128 * m, c = q & 15, row = 64 * wg + (q >> 4);
+    const int i = row / G, j = row % G;
+    const bool valid = row < rows && i < ntok;
+    const QT* src = static_cast<const QT*>(p.q) + (valid ? (tok_base + i) * p.q_stride_token +
+                                                               (kh * G + j) * p.q_stride_head + 8 * c
+                                                         : 0);
+    cp_async16(q_s + swizzled_chunk(row, c, kSm90QHalfBytes), src, valid ? 16 : 0);
+  }
+  cp_async_commit();
+  cp_async_wait_all();
+  fence_proxy_async();
+  named_barrier_sync(1 + wg, 128);
+
+  // Accumulator rows of this thread: r_lo (values 4j, 4j+1) and r_lo + 8 (4j+2, 4j+3).
+  int64_t hi[2];
+  float* outp[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 64 * wg + 16 * wi + (lane >> 2) + 8 * h;
+    const int i = row / G, j = row % G;
+    const bool valid = row < rows && i < ntok;
+    hi[h] = valid ? visible_end(rq, rq.offset + tok0 + i, p.causal) : 0;
+    outp[h] = valid ? p.out + (tok_base + i) * p.out_stride_token + (kh * G + j) * p.out_stride_head : nullptr;
+  }
+  const uint64_t desc_q = smem_desc(q_s + 64 * wg * 128);
+  float acc[64];
+  for (int it = 0; it < ncomp; ++it) {
+    const int stage = it % kSm90Stages;
+    const int blk = blk_begin + it;
+    mbar_wait(full + stage, (it / kSm90Stages) & 1);
+    const uint64_t desc_k = smem_desc(k_s + stage * kSm90KStageBytes);
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      const uint32_t qo = (k >> 2) * kSm90QHalfBytes + (k & 3) * 32;
+      const uint32_t ko = (k >> 2) * kSm90KHalfBytes + (k & 3) * 32;
+      wgmma_m64n128k16<kF16>(acc, desc_q + (qo >> 4), desc_k + (ko >> 4), k > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_accumulators(acc);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + stage);
+
+    // Row max over the block's 128 keys; mask only where some row of the tile stops inside the block.
+    const bool masked = static_cast<int64_t>(blk + 1) * kBlock > hi_first;
+    const int64_t kb = static_cast<int64_t>(blk) * kBlock + 2 * (lane & 3);
+    float mx[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) mx[h][q] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v = acc[4 * j + 2 * h + e];
+          if (masked && kb + 8 * j + e >= hi[h]) v = -INFINITY;
+          mx[h][j & 3] = fmaxf(mx[h][j & 3], v);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m = warp_max_xor(fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3])), 1, 2);
+      if ((lane & 3) == h && outp[h]) outp[h][blk * p.out_stride_block] = m;
+    }
+  }
+#else
+  __trap();  // built without sm_90a: sm90_scores_available() keeps the dispatcher away
+#endif
+}
+
+}  // namespace msa::detail::cuda::indexer

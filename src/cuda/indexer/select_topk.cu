@@ -1,0 +1,59 @@
+// Launch of select_topk: the register capacity per lane is picked from the scores' block extent.
+#include "cuda/common/check.cuh"
+#include "cuda/common/device_buffer.cuh"
+#include "cuda/indexer/launch.h"
+#include "cuda/indexer/topk.cuh"
+#include "msa/error.h"
+
+namespace msa::detail::cuda::indexer {
+
+namespace {
+
+template <int CAP>
+void launch_cap(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
+  // Many rows (prefill): 16 warps per CTA, so that 16 consecutive tokens of an HKT layout share each
+  // 128-byte line of scores in L1. Few rows (decode, 256): 4 warps per CTA to spread rows over SMs.
+  const int warps = rows >= 132 * 64 ? 16 : 4;
+  const int64_t grid = (rows + warps - 1) / warps;
+  select_topk_kernel<CAP><<<static_cast<unsigned>(grid), warps * 32, 0, stream>>>(p, token_fastest);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_smem(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
+  const int smem = (p.max_blocks + 31) / 32 * 32 * static_cast<int>(sizeof(uint32_t));
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(select_topk_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  select_topk_kernel<0><<<static_cast<unsigned>(rows), 32, smem, stream>>>(p, token_fastest);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_select_topk(const SelectTopkParams& p, cudaStream_t stream) {
+  const int64_t rows = p.seqs.total_q * p.num_heads;
+  MSA_CHECK(rows <= 0x7fffffffLL, kNotImplemented, "msa.select_topk: argument 'scores': ", rows,
+            " rows (tokens x heads) exceed the CUDA grid");
+  // HKT-like layouts (tokens contiguous): consecutive warps take consecutive tokens of one head.
+  const bool token_fastest = p.s_stride_token == 1 && p.s_stride_block != 1;
+  const int chunks = (p.max_blocks + 31) / 32;
+  if (chunks <= 1)
+    launch_cap<1>(p, token_fastest, rows, stream);
+  else if (chunks <= 2)
+    launch_cap<2>(p, token_fastest, rows, stream);
+  else if (chunks <= 4)
+    launch_cap<4>(p, token_fastest, rows, stream);
+  else if (chunks <= 8)
+    launch_cap<8>(p, token_fastest, rows, stream);
+  else if (chunks <= 16)
+    launch_cap<16>(p, token_fastest, rows, stream);
+  else if (chunks <= 32)
+    launch_cap<32>(p, token_fastest, rows, stream);
+  else if (p.max_blocks <= kTopkMaxRegBlocks)
+    launch_cap<64>(p, token_fastest, rows, stream);
+  else {
+    MSA_CHECK(p.max_blocks <= kTopkMaxSmemBlocks, kNotImplemented, "msa.select_topk: argument 'scores': ",
+              p.max_blocks, " blocks per row; the CUDA kernel takes up to ", kTopkMaxSmemBlocks);
+    launch_smem(p, token_fastest, rows, stream);
+  }
+}
+
+}  // namespace msa::detail::cuda::indexer

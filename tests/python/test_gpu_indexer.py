@@ -1,0 +1,349 @@
+"""The CUDA indexer (block_scores, select_topk) against the float64 references of msa_testing and the CPU
+backend: every kernel family (decode streaming, sm_90a wgmma prefill, portable mma.sync prefill with fp8
+keys), both score layouts, both index layouts, paged and strided caches, NaN-poisoned outputs, and CUDA
+graph replay with lengths rewritten in place.
+
+Run on a GPU machine: PYTHONPATH=build/python python3 -m pytest tests/python/test_gpu_indexer.py -q -s
+(-s shows the printed fp8-vs-bf16 selection agreement).
+"""
+import math
+
+import numpy as np
+import pytest
+
+import msa
+import msa_testing as mt
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+D = 128  # the CUDA indexer's head dim
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+def index_problem(rng, qo_lens, kv_lens, *, heads=4, k_heads=1, page_size=128, dtype="bf16", **kw):
+    return mt.make_problem(rng, qo_lens=qo_lens, kv_lens=kv_lens, num_qo_heads=heads, num_kv_heads=k_heads,
+                           head_dim=D, page_size=page_size, pattern=None, dtype=dtype, **kw)
+
+
+def gpu_inputs(prob):
+    """torch CUDA tensors of the problem (strided views kept), in the problem's dtype."""
+    return mt.to_torch(prob, device="cuda", dtype=TORCH_DTYPE[prob.dtype])
+
+
+def quantize_fp8(k, pow2_scale=False):
+    """Per-token e4m3 quantization of a [pages, Hk, P, D] cache (strides kept): (k8, k_scale fp32)."""
+    amax = k.float().abs().amax(-1).clamp_min(1e-12)
+    scale = amax / 448.0
+    if pow2_scale:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    k8 = (k.float() / scale[..., None]).to(torch.float8_e4m3fn)
+    return k8, scale.contiguous()
+
+
+def nan_out(shape):
+    return torch.full(shape, float("nan"), dtype=torch.float32, device="cuda")
+
+
+def scores_shape(T, H, nb, layout):
+    return (H, nb, T) if layout == "HKT" else (T, H, nb)
+
+
+def to_thk(s, layout):
+    s = s.cpu().numpy() if isinstance(s, torch.Tensor) else s
+    return s if layout == "THK" else np.transpose(s, (2, 0, 1))
+
+
+def run_scores(prob, t, *, layout="THK", causal=True, max_blocks=None, k=None, k_scale=None):
+    T, H = prob.q.shape[:2]
+    nb = max_blocks or max(1, math.ceil(int(prob.kv_lens.max()) / 128))
+    out = nan_out(scores_shape(T, H, nb, layout))
+    got = msa.block_scores(t["q"], t["k_cache"] if k is None else k, t["page_table"], t["qo_indptr"], t["kv_lens"],
+                           qo_offset=t["qo_offset"], page_indptr=t["page_indptr"], k_scale=k_scale, layout=layout,
+                           causal=causal, out=out)
+    assert got is out
+    torch.cuda.synchronize()
+    return to_thk(out, layout), nb
+
+
+def ref_scores(prob, nb, *, causal=True, k_values=None, k_scale=None):
+    return mt.ref_block_scores(prob.q, prob.k_cache if k_values is None else k_values, prob.page_table,
+                               prob.page_indptr, prob.qo_indptr, prob.kv_lens, qo_offset=prob.qo_offset,
+                               causal=causal, max_blocks=nb, k_scale=k_scale)
+
+
+def assert_scores_equal(got_thk, ref, rtol=1e-4, atol=1e-3):
+    got = np.asarray(got_thk, np.float64)
+    assert not np.isnan(got).any(), "NaN left in the output (an element was not written)"
+    assert (np.isneginf(got) == np.isneginf(ref)).all(), "-inf pattern (blocks without visible keys) differs"
+    fin = ~np.isneginf(ref)
+    np.testing.assert_allclose(got[fin], ref[fin], rtol=rtol, atol=atol)
+
+
+# Shapes that reach each kernel family: total_q <= 4 * batch takes the decode (streaming) kernel,
+# larger batches the prefill kernels (wgmma on sm_90a, mma.sync elsewhere and for fp8 keys).
+SHAPES = {
+    "decode_ragged": ([1] * 6, [1, 127, 128, 129, 700, 1500]),
+    "mtp": ([3, 4, 2], [300, 900, 129]),
+    "prefill_prefix": ([200], [900]),
+    "prefill_batch": ([70, 150, 1], [70, 1000, 400]),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# block_scores
+
+@pytest.mark.parametrize("page_size", [64, 128])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("layout", ["HKT", "THK"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_block_scores(rng, dtype, layout, shape, page_size):
+    qo, kv = SHAPES[shape]
+    prob = index_problem(rng, qo, kv, page_size=page_size, dtype=dtype)
+    got, nb = run_scores(prob, gpu_inputs(prob), layout=layout)
+    assert_scores_equal(got, ref_scores(prob, nb))
+
+
+@pytest.mark.parametrize("shape", ["decode_ragged", "prefill_batch"])
+@pytest.mark.parametrize("case", ["non_causal", "offset_flat_table", "gqa_2_k_heads", "one_head", "heads_16",
+                                  "slot_major", "page_32", "page_48", "page_256", "wide_max_blocks"])
+def test_block_scores_variants(rng, case, shape):
+    qo, kv = SHAPES[shape]
+    kw, causal, nb = {}, True, None
+    if case == "non_causal":
+        causal = False
+        kw["causal"] = False
+    elif case == "offset_flat_table":
+        kw.update(flat_pages=True, qo_offset=[max(0, n - len_q - 5) for n, len_q in zip(kv, qo)])
+    elif case == "gqa_2_k_heads":
+        kw.update(heads=8, k_heads=2)
+    elif case == "one_head":
+        kw.update(heads=1, k_heads=1)
+    elif case == "heads_16":
+        kw.update(heads=16, k_heads=1)
+    elif case == "slot_major":
+        kw.update(slot_major=True, page_size=64, k_heads=2, heads=8)
+    elif case.startswith("page_"):
+        kw["page_size"] = int(case.split("_")[1])
+    elif case == "wide_max_blocks":
+        nb = math.ceil(max(kv) / 128) + 3
+    prob = index_problem(rng, qo, kv, **kw)
+    got, nb = run_scores(prob, gpu_inputs(prob), causal=causal, max_blocks=nb, layout="HKT")
+    assert_scores_equal(got, ref_scores(prob, nb, causal=causal))
+
+
+@pytest.mark.parametrize("shape", ["decode_ragged", "mtp", "prefill_prefix", "prefill_batch"])
+@pytest.mark.parametrize("qdtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["HKT", "THK"])
+def test_block_scores_fp8_keys(rng, shape, qdtype, layout):
+    qo, kv = SHAPES[shape]
+    prob = index_problem(rng, qo, kv, page_size=64, dtype=qdtype, slot_major=(shape == "mtp"))
+    t = gpu_inputs(prob)
+    k8, scale = quantize_fp8(t["k_cache"])
+    got, nb = run_scores(prob, t, layout=layout, k=k8, k_scale=scale)
+    k_values = k8.float().cpu().numpy()
+    assert_scores_equal(got, ref_scores(prob, nb, k_values=k_values, k_scale=scale.cpu().numpy()))
+
+
+def test_block_scores_portable_prefill_bf16(rng, monkeypatch):
+    """The sm_80 (mma.sync) prefill kernel with bf16 keys, forced on sm_90 through MSA_INDEXER_PREFILL."""
+    monkeypatch.setenv("MSA_INDEXER_PREFILL", "portable")
+    for qo, kv in (SHAPES["prefill_prefix"], SHAPES["prefill_batch"]):
+        prob = index_problem(rng, qo, kv, page_size=64)
+        got, nb = run_scores(prob, gpu_inputs(prob), layout="THK")
+        assert_scores_equal(got, ref_scores(prob, nb))
+
+
+def cpu_scores(prob, t, nb, layout, k=None, k_scale=None):
+    """The CPU backend on the same values: fp32 copies of the device tensors (strides kept); fp8 keys
+    dequantized (k * scale in fp32)."""
+    kk = (t["k_cache"] if k is None else k).float()
+    if k_scale is not None:
+        kk = kk * k_scale[..., None]
+    s = msa.block_scores(t["q"].float().cpu().numpy(), kk.cpu().numpy(), prob.page_table, prob.qo_indptr,
+                         prob.kv_lens, qo_offset=prob.qo_offset, page_indptr=prob.page_indptr, max_blocks=nb,
+                         layout=layout)
+    return to_thk(s, layout).astype(np.float64)
+
+
+@pytest.mark.parametrize("case", ["prefill_two_ranges", "prefill_batch_long", "decode_long", "fp8_prefill_long"])
+def test_block_scores_long_vs_cpu(rng, case):
+    """Multiple 64-block ranges per token tile, tails of -inf, long decode rows: against the CPU backend."""
+    if case == "prefill_two_ranges":
+        qo, kv = [300], [9000]
+    elif case == "prefill_batch_long":
+        qo, kv = [520, 40, 700], [8800, 40, 12000]
+    elif case == "decode_long":
+        qo, kv = [1, 1, 1], [20000, 65536, 3]
+    else:
+        qo, kv = [260], [10000]
+    prob = index_problem(rng, qo, kv)
+    t = gpu_inputs(prob)
+    nb = math.ceil(max(kv) / 128) + 1
+    k, ks = quantize_fp8(t["k_cache"]) if case.startswith("fp8") else (None, None)
+    got, _ = run_scores(prob, t, layout="HKT", max_blocks=nb, k=k, k_scale=ks)
+    assert_scores_equal(got, cpu_scores(prob, t, nb, "THK", k=k, k_scale=ks))
+
+
+# ---------------------------------------------------------------------------------------------
+# select_topk
+
+def random_scores(rng, T, H, nb, *, ties=True, nan_frac=0.05, ninf_frac=0.05):
+    s = rng.integers(0, 6, (T, H, nb)).astype(np.float32) if ties else \
+        rng.standard_normal((T, H, nb)).astype(np.float32)
+    s[rng.random(s.shape) < 0.02] = -0.0
+    s[rng.random(s.shape) < nan_frac] = np.nan
+    s[rng.random(s.shape) < ninf_frac] = -np.inf
+    return s
+
+
+def gpu_topk(s_thk, qo_indptr, kv_lens, topk, *, score_layout, index_layout, qo_offset=None, force=(0, 1),
+             causal=True):
+    T, H, nb = s_thk.shape
+    s = torch.from_numpy(s_thk if score_layout == "THK" else np.ascontiguousarray(s_thk.transpose(1, 2, 0))).cuda()
+    if index_layout == "HTK":  # sglang's [H, T, topk] buffer passed as its [T, H, topk] view
+        store = torch.full((H, T, topk), 77, dtype=torch.int32, device="cuda")
+        out = store.permute(1, 0, 2)
+    else:
+        out = torch.full((T, H, topk), 77, dtype=torch.int32, device="cuda")
+    dev = lambda a: None if a is None else torch.from_numpy(np.asarray(a, np.int32)).cuda()  # noqa: E731
+    got = msa.select_topk(s, dev(qo_indptr), dev(kv_lens), topk, qo_offset=dev(qo_offset), layout=score_layout,
+                          force_begin=force[0], force_end=force[1], causal=causal, out=out)
+    assert got is out
+    return out.cpu().numpy()
+
+
+def cpu_topk(s_thk, qo_indptr, kv_lens, topk, *, qo_offset=None, force=(0, 1), causal=True):
+    return msa.select_topk(s_thk, np.asarray(qo_indptr, np.int32), np.asarray(kv_lens, np.int32), topk,
+                           qo_offset=None if qo_offset is None else np.asarray(qo_offset, np.int32), layout="THK",
+                           force_begin=force[0], force_end=force[1], causal=causal)
+
+
+@pytest.mark.parametrize("index_layout", ["THK", "HTK"])
+@pytest.mark.parametrize("score_layout", ["HKT", "THK"])
+@pytest.mark.parametrize("force", [(0, 1), (1, 1), (2, 3), (0, 0)])
+@pytest.mark.parametrize("topk", [16, 32, 64])
+def test_select_topk(rng, topk, force, score_layout, index_layout):
+    qo_lens, kv_lens = [1, 7, 300, 1], [130, 4100, 9000, 65536]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    nb = math.ceil(max(kv_lens) / 128)
+    s = random_scores(rng, int(qo_indptr[-1]), 4, nb)
+    got = gpu_topk(s, qo_indptr, kv_lens, topk, score_layout=score_layout, index_layout=index_layout, force=force)
+    want = cpu_topk(s, qo_indptr, kv_lens, topk, force=force)
+    np.testing.assert_array_equal(got, want)
+    # and the float64 reference of msa_testing on the short requests
+    ref = mt.ref_select_topk(s[:8].astype(np.float64), qo_indptr[:3], kv_lens[:2], topk, force_begin=force[0],
+                             force_end=force[1])
+    np.testing.assert_array_equal(got[:8], ref)
+
+
+@pytest.mark.parametrize("nb", [1, 40, 100, 600, 1500, 2500])
+def test_select_topk_row_lengths(rng, nb):
+    """Every register capacity (1..64 keys per lane) and the shared-memory path (> 2048 blocks)."""
+    kv_lens = [nb * 128, nb * 128 - 5, 77, 0]
+    qo_lens = [3, 1, 1, 0]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    s = random_scores(rng, int(qo_indptr[-1]), 2, nb, ties=False)
+    for score_layout in ("HKT", "THK"):
+        got = gpu_topk(s, qo_indptr, kv_lens, 16, score_layout=score_layout, index_layout="THK")
+        np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, 16))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_select_topk_offsets_and_empty_rows(rng, causal):
+    # non-causal rows of a request with kv_len = 0 are all -1; causal rows before their first block
+    qo_lens, kv_lens = [4, 2, 9], [0, 300, 2000]
+    qo_offset = [0, 10, 1500] if not causal else None
+    if causal:
+        kv_lens[0] = 4
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    s = random_scores(rng, int(qo_indptr[-1]), 3, math.ceil(max(kv_lens) / 128))
+    for index_layout in ("THK", "HTK"):
+        got = gpu_topk(s, qo_indptr, kv_lens, 16, score_layout="THK", index_layout=index_layout,
+                       qo_offset=qo_offset, causal=causal)
+        np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, 16, qo_offset=qo_offset, causal=causal))
+    if not causal:
+        assert (got[:4] == -1).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# scores -> top-k, fp8 vs bf16, CUDA graphs
+
+def decode_problem(rng, B, kv_len, heads=4):
+    return index_problem(rng, [1] * B, [kv_len] * B, heads=heads, dtype="bf16")
+
+
+def test_fp8_selection_matches_bf16(rng):
+    """fp8 keys with power-of-two scales dequantize exactly to bf16 keys: the fp8 path must score them like the
+    bf16 path (exact conversions, fp32 sums) and select the same blocks; then the agreement of the fp8 and
+    bf16 selections on unit-variance keys with ordinary per-token scales is printed (a property of the data)."""
+    prob = decode_problem(rng, 8, 16384)
+    t = gpu_inputs(prob)
+    k8, scale = quantize_fp8(t["k_cache"], pow2_scale=True)
+    k_deq = (k8.float() * scale[..., None]).to(torch.bfloat16)
+    nb = 128
+    s8, _ = run_scores(prob, t, k=k8, k_scale=scale, max_blocks=nb)
+    sb, _ = run_scores(prob, t, k=k_deq, max_blocks=nb)
+    assert_scores_equal(s8, sb.astype(np.float64), rtol=1e-5, atol=1e-3)
+
+    k8, scale = quantize_fp8(t["k_cache"])
+    rows = {}
+    for name, kw in (("bf16", {}), ("fp8", dict(k=k8, k_scale=scale))):
+        s, _ = run_scores(prob, t, max_blocks=nb, **kw)
+        rows[name] = gpu_topk(s.astype(np.float32), prob.qo_indptr, prob.kv_lens, 16, score_layout="THK",
+                              index_layout="THK")
+    same = (rows["fp8"] == rows["bf16"]).all(-1).mean()
+    overlap = np.mean([len(set(a) & set(b)) / 16 for a, b in zip(rows["fp8"].reshape(-1, 16),
+                                                                 rows["bf16"].reshape(-1, 16))])
+    print(f"\nfp8 vs bf16 top-16 of {nb} blocks, random unit-variance q and k: {same:.1%} of rows identical, "
+          f"{overlap:.1%} of entries shared")
+    assert overlap > 0.8
+
+
+def test_cuda_graph_scores_topk_with_changing_lengths(rng):
+    """Capture block_scores + select_topk once; rewrite kv_lens and the page table in place; replays equal eager."""
+    B, max_kv, topk = 6, 4096, 16
+    prob = decode_problem(rng, B, max_kv)
+    t = gpu_inputs(prob)
+    nb = max_kv // 128
+    kv_dev = t["kv_lens"]
+    scores = torch.empty((4, nb, B), dtype=torch.float32, device="cuda")
+    idx = torch.empty((B, 4, topk), dtype=torch.int32, device="cuda")
+
+    def step(s_out, i_out):
+        msa.block_scores(t["q"], t["k_cache"], t["page_table"], t["qo_indptr"], kv_dev, out=s_out, layout="HKT")
+        msa.select_topk(s_out, t["qo_indptr"], kv_dev, topk, layout="HKT", out=i_out)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(scores, idx)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(scores, idx)
+
+    page_table = t["page_table"]
+    for trial in range(4):
+        lens = rng.integers(1, max_kv + 1, B).astype(np.int32)
+        kv_dev.copy_(torch.from_numpy(lens))
+        width = max_kv // 128  # valid entries of each row (the last column is the -1 pad)
+        perm = torch.from_numpy(rng.permutation(width)).cuda()
+        page_table[:, :width] = page_table[:, perm].clone()  # pages move around within each row
+        graph.replay()
+        torch.cuda.synchronize()
+        s_ref = torch.full_like(scores, float("nan"))
+        i_ref = torch.full_like(idx, 77)
+        step(s_ref, i_ref)
+        torch.cuda.synchronize()
+        assert torch.equal(scores, s_ref), f"trial {trial}: replayed scores differ from eager"
+        assert torch.equal(idx, i_ref), f"trial {trial}: replayed top-k differs from eager"
+        # and the eager result is right
+        prob.kv_lens = lens
+        prob.page_table = page_table.cpu().numpy()
+        want = ref_scores(prob, nb)
+        assert_scores_equal(to_thk(s_ref, "HKT"), want)
