@@ -1,0 +1,222 @@
+"""Decode attention benchmark: the D-* workloads of spec/benchmarks.md on msa's CUDA decode kernels.
+
+    PYTHONPATH=build/python python3 bench/decode.py [--quick] [--shape M3-TP1] [--sweep-splits]
+
+Workloads (D=128, blocks = pages = 128 tokens, top-16, bf16): D-B{1,8,32,64,128} (B requests of 65536
+cached tokens, one query token each), D-mixed (B=64, lengths uniform in [1024, 131072]), D-mtp (B=32,
+4 query tokens per request, 65536 tokens); sparse with the `random` pattern (own block + 15 random
+earlier blocks per token and KV head, rows shuffled) and dense (fewer: B=1 and B=64).
+
+Each call is timed as CUDA-graph replay; the graph holds R calls whose inputs (q, page table, block
+indexes) are rotated over a KV pool of several GB with random page placement, so that one call does not
+find the previous call's blocks in the L2 (60 MB). Effective bandwidth = (bytes of the selected K and V
+blocks, each counted once per request and KV head, only their keys below kv_len, + q and o bytes) / time,
+against the device-to-device copy ceiling measured in the same run. max_err: largest abs difference of
+a few output rows against a float64 computation of the same rows.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ceilings, main_guard, row, time_graph, write_results  # noqa: E402
+
+import msa  # noqa: E402
+
+SHAPES = {"M3-TP1": (64, 4), "M3-TP4": (16, 1)}  # (Hq, Hkv)
+D, P, BLOCK, TOPK = 128, 128, 128, 16
+L2_BYTES = 60e6
+DEV = "cuda"
+
+
+@dataclass
+class Workload:
+    name: str
+    batch: int
+    qo_len: int
+    kv_lens: np.ndarray
+    sparse: bool
+    bar: str | None  # "ratio>=X" or "us<=X"
+
+
+def workloads(quick: bool, rng) -> list[Workload]:
+    full = lambda n: np.full(n, 65536, np.int64)  # noqa: E731
+    ws = [Workload("D-B1", 1, 1, full(1), True, "us<=6")]
+    if not quick:
+        ws.append(Workload("D-B8", 8, 1, full(8), True, None))
+    ws += [Workload(f"D-B{b}", b, 1, full(b), True, "ratio>=0.85") for b in (32, 64, 128)]
+    ws.append(Workload("D-mixed", 64, 1, rng.integers(1024, 131072 + 1, size=64), True, "ratio>=0.80"))
+    ws.append(Workload("D-mtp", 32, 4, full(32), True, "ratio>=0.80"))
+    ws.append(Workload("D-B1", 1, 1, full(1), False, None))
+    if not quick:
+        ws.append(Workload("D-B64", 64, 1, full(64), False, None))
+    return ws
+
+
+def random_selection(pos: torch.Tensor, hkv: int, gen: torch.Generator) -> torch.Tensor:
+    """[T, Hkv, TOPK] int32: each token's own block plus up to TOPK-1 random earlier ones, slots shuffled."""
+    own = pos // BLOCK
+    nb = int(own.max()) + 1
+    T = pos.numel()
+    scores = torch.rand(T, hkv, nb, device=DEV, generator=gen)
+    earlier = torch.arange(nb, device=DEV)[None, None, :] < own[:, None, None]
+    scores = torch.where(earlier, scores, torch.full_like(scores, -1.0))
+    k = min(TOPK - 1, nb)
+    vals, idx = scores.topk(k, dim=-1)
+    idx = torch.where(vals >= 0, idx, torch.full_like(idx, -1))
+    sel = torch.cat([own[:, None, None].expand(T, hkv, 1), idx], dim=-1)
+    if sel.shape[-1] < TOPK:
+        sel = torch.cat([sel, torch.full((T, hkv, TOPK - sel.shape[-1]), -1, device=DEV, dtype=sel.dtype)], -1)
+    perm = torch.rand(T, hkv, TOPK, device=DEV, generator=gen).argsort(dim=-1)
+    return sel.gather(-1, perm).to(torch.int32).contiguous()
+
+
+class Pool:
+    """A paged KV pool [pages, Hkv, P, D] of random bf16 data, shared by the workloads of one shape."""
+
+    def __init__(self, pages: int, hkv: int, gen: torch.Generator):
+        self.pages = pages
+        self.k = torch.empty(pages, hkv, P, D, device=DEV, dtype=torch.bfloat16).normal_(generator=gen)
+        self.v = torch.empty(pages, hkv, P, D, device=DEV, dtype=torch.bfloat16).normal_(generator=gen)
+
+
+class Inputs:
+    """One rotation's inputs of a workload: q, page table, block indexes, output."""
+
+    def __init__(self, w: Workload, hq: int, hkv: int, pool: Pool, gen: torch.Generator):
+        B, n = w.batch, w.qo_len
+        self.pool = pool
+        self.kv_lens = torch.from_numpy(w.kv_lens.astype(np.int32)).to(DEV)
+        self.qo_indptr = torch.arange(0, (B + 1) * n, n, device=DEV, dtype=torch.int32)
+        T = B * n
+        self.q = torch.empty(T, hq, D, device=DEV, dtype=torch.bfloat16).normal_(generator=gen)
+        ppr = math.ceil(int(w.kv_lens.max()) / P)
+        perm = torch.randperm(pool.pages, device=DEV, generator=gen)[:B * ppr]
+        self.page_table = perm.view(B, ppr).to(torch.int32).contiguous()
+        self.pos = (torch.from_numpy(np.repeat(w.kv_lens, n)).to(DEV)
+                    - n + torch.arange(n, device=DEV).repeat(B)).to(torch.int64)
+        self.block_idx = random_selection(self.pos, hkv, gen) if w.sparse else None
+        self.out = torch.empty(T, hq, D, device=DEV, dtype=torch.bfloat16)
+
+    def kv_bytes(self, w: Workload, hkv: int) -> int:
+        """Bytes of the selected K and V blocks, each once per (request, KV head), keys below kv_len only."""
+        kv = w.kv_lens.astype(np.int64)
+        if not w.sparse:
+            return int(kv.sum()) * hkv * D * 2 * 2
+        bi = self.block_idx.cpu().numpy().reshape(w.batch, w.qo_len, hkv, TOPK)
+        total = 0
+        for b in range(w.batch):
+            nblk = math.ceil(kv[b] / BLOCK)
+            for g in range(hkv):
+                blocks = np.unique(bi[b, :, g])
+                blocks = blocks[(blocks >= 0) & (blocks < nblk)]
+                total += int(np.minimum(BLOCK, kv[b] - blocks * BLOCK).sum())
+        return total * D * 2 * 2
+
+    def call(self, plan):
+        msa.attention(plan, self.q, self.pool.k, self.pool.v, self.page_table, self.qo_indptr, self.kv_lens,
+                      block_idx=self.block_idx, out=self.out)
+
+
+def check_rows(x: Inputs, w: Workload, hq: int, hkv: int, gen_np) -> float:
+    """Largest abs error of a few tokens' outputs (all heads) against float64."""
+    G, scale = hq // hkv, D ** -0.5
+    T = x.q.shape[0]
+    err = 0.0
+    bi = x.block_idx.cpu().numpy() if x.block_idx is not None else None
+    pos = x.pos.cpu().numpy()
+    for t in gen_np.choice(T, size=min(3, T), replace=False):
+        b, p = t // w.qo_len, int(pos[t])
+        kv = int(w.kv_lens[b])
+        hi = min(kv, p + 1)
+        for g in range(hkv):
+            if bi is None:
+                keys = np.arange(hi)
+            else:
+                blocks = sorted({int(e) for e in bi[t, g] if 0 <= e < math.ceil(kv / BLOCK) and e * BLOCK < hi})
+                keys = np.concatenate([np.arange(e * BLOCK, min(e * BLOCK + BLOCK, hi)) for e in blocks])
+            keys_t = torch.from_numpy(keys).to(DEV)
+            pages = x.page_table[b, keys_t // P].long()
+            offs = keys_t % P
+            k = x.pool.k[pages, g, offs].double()
+            v = x.pool.v[pages, g, offs].double()
+            qh = x.q[t, g * G:(g + 1) * G].double()
+            ref = torch.softmax(qh @ k.T * scale, dim=-1) @ v
+            err = max(err, float((x.out[t, g * G:(g + 1) * G].double() - ref).abs().max()))
+    return err
+
+
+def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
+    hq, hkv = SHAPES[shape]
+    gen = torch.Generator(device=DEV)
+    gen.manual_seed(1234)
+    gen_np = np.random.default_rng(5)
+    pages = max(max(w.batch * math.ceil(int(w.kv_lens.max()) / P) for w in ws), 8192)
+    pool = Pool(pages, hkv, gen)
+    print(f"# {shape}: Hq={hq} Hkv={hkv}, KV pool {pages} pages ({2 * pool.k.numel() * 2 / 2**30:.1f} GiB)",
+          flush=True)
+    for w in ws:
+        x0 = Inputs(w, hq, hkv, pool, gen)
+        per_call = x0.kv_bytes(w, hkv)
+        rot = int(min(64, max(2, math.ceil(3 * L2_BYTES / max(per_call, 1)))))
+        inputs = [x0] + [Inputs(w, hq, hkv, pool, gen) for _ in range(rot - 1)]
+        kv_bytes = sum(x.kv_bytes(w, hkv) for x in inputs) / rot
+        qo_bytes = 2 * w.batch * w.qo_len * hq * D * 2
+        pattern = "random" if w.sparse else "dense"
+        variants = [("msa", 0)]
+        if args.sweep_splits and w.batch <= 8:
+            variants += [(f"msa-splits{s}", s) for s in (2, 4, 8, 16)]
+        for impl, max_splits in variants:
+            plan = msa.plan_decode(w.batch, w.qo_len, int(w.kv_lens.max()), num_qo_heads=hq, num_kv_heads=hkv,
+                                   head_dim=D, page_size=P, topk=TOPK if w.sparse else 0, device=DEV,
+                                   max_splits=max_splits)
+            us = time_graph(None, iters=args.iters, rotate=[(lambda x=x: x.call(plan)) for x in inputs])
+            torch.cuda.synchronize()
+            err = check_rows(x0, w, hq, hkv, gen_np)
+            gbps = (kv_bytes + qo_bytes) / (us * 1e-6) / 1e9
+            ratio = gbps / ceil["copy_gbps"]
+            meets = None
+            if w.bar and impl == "msa":
+                kind, _, limit = w.bar.partition(">=") if ">=" in w.bar else w.bar.partition("<=")
+                meets = ratio >= float(limit) if kind == "ratio" else us <= float(limit)
+            r = row(w.name, shape, pattern, impl, us, gbps=gbps, ceil=ceil, max_err=round(err, 5),
+                    bar=w.bar if impl == "msa" else None, meets_bar=meets, rotations=rot,
+                    mib_per_call=round((kv_bytes + qo_bytes) / 2**20, 1))
+            rows.append(r)
+            print(f"{w.name:8s} {shape} {pattern:6s} {impl:14s} {us:8.2f} us {gbps:7.0f} GB/s ratio {ratio:.3f} "
+                  f"err {err:.2e}" + ("" if meets is None else f"  bar {w.bar}: {'met' if meets else 'MISSED'}"),
+                  flush=True)
+        del inputs, x0
+    del pool
+    torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="M3-TP1 only, the workloads with bars, fewer iterations")
+    ap.add_argument("--shape", choices=sorted(SHAPES), action="append", help="restrict to a shape (repeatable)")
+    ap.add_argument("--sweep-splits", action="store_true", help="also time max_splits 2/4/8/16 at B <= 8")
+    ap.add_argument("--iters", type=int, default=None, help="graph replays timed (default 20 quick, 50 full)")
+    ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
+    args = ap.parse_args()
+    main_guard()
+    args.iters = args.iters or (20 if args.quick else 50)
+    shapes = args.shape or (["M3-TP1"] if args.quick else ["M3-TP1", "M3-TP4"])
+    ceil = ceilings()
+    rows: list = []
+    rng = np.random.default_rng(2026)
+    ws = workloads(args.quick, rng)
+    for shape in shapes:
+        bench_shape(shape, ws, ceil, args, rows)
+    write_results("decode", ceil, rows, args.out_dir)
+
+
+if __name__ == "__main__":
+    main()

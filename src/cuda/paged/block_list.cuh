@@ -1,0 +1,114 @@
+// CTA-wide helpers that turn the top-k rows of a tile's tokens into its block list: the union of
+// the selected blocks, sorted ascending, each with the mask of the tile's tokens that selected it.
+// Sorting makes the result independent of the order inside a row (the contract allows any order)
+// and deterministic; the union makes a block shared by several tokens (MTP) load once.
+//
+// Entries are packed as (block << 6) | token: blocks < 2^24 (kv_len is int32), tokens < 64.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+namespace msa::detail::cuda::paged {
+
+constexpr int32_t kNoEntry = INT_MAX;  // sorts last
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Exclusive prefix sum of one int per thread over the CTA; *total gets the sum. Uses scratch[0..31]
+// and leaves it free again on return. Every thread must call it.
+template <int THREADS>
+__device__ int block_exclusive_scan(int v, int* scratch, int* total) {
+  constexpr int kWarps = THREADS / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(kFullMask, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) scratch[warp] = x;
+  __syncthreads();
+  int before = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int t = scratch[w];
+    before += w < warp ? t : 0;
+    sum += t;
+  }
+  __syncthreads();
+  *total = sum;
+  return before + x - v;
+}
+
+// Ascending bitonic sort of keys[0, n), n a power of two. Up to 32 keys: one warp in registers
+// (no CTA barriers on the decode path of one token); more: the whole CTA in shared memory.
+// Every thread must call it; keys must be visible to all threads on entry (after a barrier).
+template <int THREADS>
+__device__ void sort_keys(int32_t* keys, int n) {
+  if (n <= 32) {
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      int v = lane < n ? keys[lane] : kNoEntry;
+#pragma unroll
+      for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+          const int o = __shfl_xor_sync(kFullMask, v, j);
+          const bool lower = (lane & j) == 0, ascending = (lane & k) == 0;
+          v = (lower == ascending) ? min(v, o) : max(v, o);
+        }
+      }
+      if (lane < n) keys[lane] = v;
+    }
+    __syncthreads();
+    return;
+  }
+  for (int k = 2; k <= n; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < n; i += THREADS) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const int a = keys[i], c = keys[partner];
+          if ((a > c) == ((i & k) == 0)) {
+            keys[i] = c;
+            keys[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// From sorted keys[0, n): blk[u] = the u-th distinct block, mask[u] = the tokens that selected it.
+// Returns the number of distinct blocks (same value in every thread). Every thread must call it;
+// the outputs are visible to all threads only after the caller's next barrier.
+template <int THREADS>
+__device__ int compact_runs(const int32_t* keys, int n, int32_t* blk, uint64_t* mask, int* scratch) {
+  const int per = (n + THREADS - 1) / THREADS;
+  const int lo = min(n, static_cast<int>(threadIdx.x) * per), hi = min(n, lo + per);
+  const auto starts_run = [&](int i) {
+    const int k = keys[i];
+    return k != kNoEntry && (i == 0 || (keys[i - 1] >> 6) != (k >> 6));
+  };
+  int count = 0;
+  for (int i = lo; i < hi; ++i) count += starts_run(i) ? 1 : 0;
+  int total = 0;
+  int u = block_exclusive_scan<THREADS>(count, scratch, &total);
+  for (int i = lo; i < hi; ++i) {
+    if (!starts_run(i)) continue;
+    const int b = keys[i] >> 6;
+    uint64_t m = 0;
+    for (int j = i; j < n; ++j) {
+      const int k = keys[j];
+      if (k == kNoEntry || (k >> 6) != b) break;
+      m |= 1ull << (k & 63);
+    }
+    blk[u] = b;
+    mask[u] = m;
+    ++u;
+  }
+  return total;
+}
+
+}  // namespace msa::detail::cuda::paged

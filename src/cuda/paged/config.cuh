@@ -1,0 +1,106 @@
+// Tile geometry of the paged attention kernels, in one place.
+//
+// A CTA computes one work item: (tile of query tokens of one request, KV head g, split s). Its ROWS
+// MMA rows are the tile's tokens x the GQA group padded to a power of two (row r -> token r / GP,
+// query head g*G + r % GP; rows with r % GP >= G are padding). Keys stream through shared memory in
+// tiles of KEYS keys (K and V, one cp.async stage each).
+//
+// Warps: ROWS / 16 row groups x WK key groups. With 16 rows (one decode token of a 16-head group)
+// the 4 warps split each key tile (16 keys each) and their softmax states are combined at the end;
+// with 64 / 128 rows each warp owns 16 rows and sees every key of the tile.
+//
+// Why these numbers (H200: 132 SMs, 228 KB shared memory per SM, ~16 B/clk/SM of HBM at the copy
+// ceiling, ~1.5 us load latency => ~48-64 KB must be in flight per SM):
+//  * a key tile of D=128 is 64 keys x 256 B x 2 (K, V) = 32 KB; 3 stages = 96 KB keep 2 tiles
+//    (64 KB) in flight per CTA while the third is consumed, and ~100 KB per CTA fits 2 CTAs per SM,
+//    so 128 KB are in flight per SM and one CTA's prologue hides behind the other's loads;
+//  * D=256 halves KEYS to keep 32 KB stages; D=64 keeps 64 keys (16 KB stages) with 4 stages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace msa::detail::cuda::paged {
+
+constexpr int kBlock = 128;           // tokens per selectable block (the contract's block)
+constexpr int kMaxTileTokens = 64;    // tokens per tile: one bit each in a 64-bit mask per block
+constexpr int kMaxListEntries = 8192; // token x topk entries sorted per tile (decode: <= 8 x topk)
+constexpr int kMaxSplits = 64;        // cap of the split count (workspace, and the last CTA's merge length)
+
+template <int D, int ROWS>
+struct TileConfig {
+  static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
+  static_assert(ROWS == 16 || ROWS == 64 || ROWS == 128, "16, 64 or 128 rows");
+  static constexpr int kHeadDim = D;
+  static constexpr int kRows = ROWS;
+  static constexpr int kKeys = D == 256 ? 32 : 64;             // keys per pipeline stage
+  static constexpr int kRowGroups = ROWS / 16;                 // warps along rows
+  static constexpr int kKeyGroups = ROWS == 16 ? kKeys / 16 : 1;  // warps along the keys of a tile
+  static constexpr int kWarps = kRowGroups * kKeyGroups;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpKeys = kKeys / kKeyGroups;         // keys per warp per tile (multiple of 16)
+  static constexpr int kTilesPerBlock = kBlock / kKeys;
+  static constexpr int kChunksPerRow = D * 2 / 16;             // 16-byte chunks per K/V/Q row (2-byte types)
+  static constexpr int kMaxStages = D == 64 ? 4 : 3;
+  // Q fragments live in registers for D <= 128 (32 registers at D=128); at D=256 they would take 64
+  // and push the 128-register O accumulator into spills, so Q stays in shared memory there.
+  static constexpr bool kQInRegs = D <= 128;
+  static constexpr int kMinBlocksPerSm = (ROWS == 128 || D == 256) ? 1 : 2;
+  // Padding of the fp32 epilogue rows: 8 floats shift consecutive rows by 8 banks, so the float2
+  // stores of a half-warp (4 rows x 4 lanes) hit 32 distinct banks.
+  static constexpr int kEpiStride = D + 8;
+
+  static_assert(kWarpKeys % 16 == 0, "a warp's keys form whole MMA k-steps");
+  static_assert(kThreads % kChunksPerRow == 0 && kKeys % (kThreads / kChunksPerRow) == 0, "tile load split");
+  static_assert(kThreads >= kKeys && kKeys % 32 == 0, "one thread per key resolves page offsets");
+  static_assert(!kQInRegs || ROWS <= 2 * kKeys, "Q is staged in the last K+V stage");
+};
+
+// Shared-memory layout, computed identically on the host (launch size) and in the kernel.
+struct SmemLayout {
+  uint32_t stages = 0;     // stages x (K tile, V tile); Q staging; the fp32 epilogue aliases it all
+  uint32_t q = 0;          // Q tile (only when Q does not live in registers)
+  uint32_t epi = 0;        // epilogue: WK x ROWS x (D+8) floats, then WK x ROWS m, l
+  uint32_t ring_off = 0;   // (stages+1) x KEYS x {k offset, v offset} int64
+  uint32_t ring_valid = 0; // (stages+1) x 64-bit key validity masks
+  uint32_t sort_keys = 0;  // list_cap int32 (block << 6 | token), sorted
+  uint32_t list_blk = 0;   // list_cap int32: unique selected blocks, ascending
+  uint32_t list_mask = 0;  // list_cap uint64: tokens of the tile that selected each block
+  uint32_t scratch = 0;    // 64 int32: scan partials and broadcasts
+  uint32_t total = 0;
+};
+
+__host__ __device__ constexpr uint32_t align_up(uint32_t x, uint32_t a) { return (x + a - 1) / a * a; }
+
+template <int D, int ROWS>
+__host__ __device__ inline SmemLayout smem_layout(int num_stages, int list_cap) {
+  using C = TileConfig<D, ROWS>;
+  SmemLayout s;
+  const uint32_t stage_bytes = 2u * C::kKeys * D * 2u;
+  uint32_t off = 0;
+  s.stages = off;
+  off += num_stages * stage_bytes;
+  if (!C::kQInRegs) {
+    s.q = off;
+    off += ROWS * D * 2u;
+  }
+  const uint32_t epi_bytes = C::kKeyGroups * ROWS * (C::kEpiStride + 2u) * 4u;
+  s.epi = 0;
+  off = align_up(off > epi_bytes ? off : epi_bytes, 16);
+  s.ring_off = off;
+  off += (num_stages + 1) * C::kKeys * 16u;
+  s.ring_valid = off;
+  off += (num_stages + 1) * 8u;
+  s.list_mask = off;
+  off += list_cap * 8u;
+  s.sort_keys = off;
+  off += list_cap * 4u;
+  s.list_blk = off;
+  off += list_cap * 4u;
+  s.scratch = off;
+  off += 64 * 4u;
+  s.total = align_up(off, 16);
+  return s;
+}
+
+}  // namespace msa::detail::cuda::paged

@@ -1,0 +1,34 @@
+// What one launch of the paged attention kernel needs: the validated call (AttentionParams), the
+// plan's decomposition and its workspaces. Passed by value (kernel parameter space).
+#pragma once
+
+#include <cstdint>
+
+#include "core/params.h"
+
+namespace msa::detail::cuda::paged {
+
+struct KernelParams {
+  AttentionParams a;
+  float scale_log2 = 0.f;  // sm_scale * log2(e): logits live in the exp2 domain
+
+  // Tiles of a request's query tokens.
+  int32_t group_pad = 1;        // GP: the GQA group padded to a power of two; rows per token
+  int32_t tile_tokens = 1;      // T = ROWS / GP
+  int32_t tiles_per_req = 1;    // decode: grid.x = batch_size * tiles_per_req, tile = x % tiles_per_req
+  bool scan_tiles = false;      // prefill: grid.x = sum_b ceil(qo_len_b / T), tile found by a scan of qo_indptr
+
+  // Splits of a tile's block list.
+  int32_t num_splits = 1;       // S = gridDim.z
+  int32_t fixed_split_blocks = 0;  // > 0: split s covers list entries [s*F, (s+1)*F), the last runs to the end
+  int32_t num_stages = 3;
+  int32_t list_cap = 0;         // sort capacity (power of two >= T * topk); 0 for dense plans
+
+  // Workspaces (S > 1): per item (tile, KV head) and split, fp32 o of ROWS rows and their lse, and
+  // one arrival counter per item (zero between launches: the last CTA resets it).
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+  uint32_t* counters = nullptr;
+};
+
+}  // namespace msa::detail::cuda::paged

@@ -1,0 +1,28 @@
+// Merging attention states over disjoint key sets by their LSEs (natural log), shared by the fused
+// split merge of the paged kernel and the public merge_states kernel. Parts at lse = -inf hold no
+// key and are never read (their values may be garbage); a part equal to the max gets weight exactly
+// 1, so a single non-empty part passes through bit for bit (fixed-split results then do not depend
+// on how many empty splits surround them).
+#pragma once
+
+#include <cmath>
+
+#include "cuda/paged/ptx.cuh"
+
+namespace msa::detail::cuda::paged {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Running max over the non-empty parts; a NaN lse propagates (as in the reference).
+__device__ __forceinline__ float lse_fold_max(float m, float lse) {
+  if (lse == -INFINITY) return m;
+  return (lse <= m) ? m : lse;
+}
+
+// exp(lse - m) for a non-empty part, exactly 1 for the max itself.
+__device__ __forceinline__ float lse_weight(float lse, float m) {
+  return lse == m ? 1.f : exp2_approx((lse - m) * kLog2e);
+}
+
+}  // namespace msa::detail::cuda::paged

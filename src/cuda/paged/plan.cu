@@ -1,0 +1,213 @@
+// Plan time for the paged family: tile geometry, pipeline depth, split count and workspaces.
+// Host only, never synchronizes: device facts come from cached attribute queries.
+#include <algorithm>
+#include <bit>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "cuda/common/check.cuh"
+#include "cuda/paged/config.cuh"
+#include "cuda/paged/kernel_table.h"
+#include "cuda/paged/state.cuh"
+#include "cuda/plan_state.h"
+#include "msa/error.h"
+
+namespace msa::detail::cuda::paged {
+
+namespace {
+
+// Host view of one TileConfig instance.
+struct TileFacts {
+  int threads;
+  int max_stages;
+  uint32_t (*smem_bytes)(int stages, int list_cap);
+};
+template <int D, int ROWS>
+TileFacts facts_of() {
+  using C = TileConfig<D, ROWS>;
+  return {C::kThreads, C::kMaxStages, [](int stages, int list_cap) { return smem_layout<D, ROWS>(stages, list_cap).total; }};
+}
+template <int D>
+TileFacts facts_for_rows(int rows) {
+  return rows == 16 ? facts_of<D, 16>() : (rows == 64 ? facts_of<D, 64>() : facts_of<D, 128>());
+}
+TileFacts tile_facts(int head_dim, int rows) {
+  return head_dim == 64 ? facts_for_rows<64>(rows) : (head_dim == 128 ? facts_for_rows<128>(rows) : facts_for_rows<256>(rows));
+}
+
+// Per-device facts and per-kernel attributes, cached: plan() for decode must stay within ~20 us.
+struct DeviceCache {
+  std::mutex mu;
+  std::map<int, int> smem_optin;                                  // device -> bytes
+  std::map<std::pair<int, const void*>, uint32_t> smem_limit_set;  // (device, kernel) -> bytes allowed
+  std::map<std::tuple<int, const void*, uint32_t>, int> ctas_per_sm;
+};
+DeviceCache& cache() {
+  static DeviceCache c;
+  return c;
+}
+
+int smem_optin(int device) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.smem_optin.find(device);
+  if (it != c.smem_optin.end()) return it->second;
+  int v = 0;
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  c.smem_optin[device] = v;
+  return v;
+}
+
+// Raises the kernel's dynamic shared-memory cap to `bytes` (the current device is `device`) and
+// returns how many of its CTAs fit on one SM.
+int prepare_kernel(int device, const void* fn, int threads, uint32_t bytes) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  uint32_t& set = c.smem_limit_set[{device, fn}];
+  if (bytes > set) {
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    set = bytes;
+  }
+  auto key = std::make_tuple(device, fn, bytes);
+  auto it = c.ctas_per_sm.find(key);
+  if (it != c.ctas_per_sm.end()) return it->second;
+  int n = 0;
+  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, bytes));
+  c.ctas_per_sm[key] = n;
+  return n;
+}
+
+// Why this family cannot run the configuration ("" when it can).
+std::string unsupported_reason(const char* fn, const AttentionConfig& c) {
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    return detail::concat(fn, ": argument 'head_dim': the CUDA paged attention kernels support 64, 128 or 256, got ",
+                          c.head_dim);
+  if (c.dv() != c.head_dim)
+    return detail::concat(fn, ": argument 'head_dim_v': the CUDA paged attention kernels need head_dim_v == head_dim (",
+                          c.head_dim, "), got ", c.dv());
+  if (c.group_size() > 128)
+    return detail::concat(fn, ": arguments 'num_qo_heads'/'num_kv_heads': the CUDA paged attention kernels support at "
+                          "most 128 query heads per KV head, got ", c.group_size());
+  if (c.num_kv_heads > 65535)
+    return detail::concat(fn, ": argument 'num_kv_heads': the CUDA paged attention kernels support at most 65535, got ",
+                          c.num_kv_heads);
+  return {};
+}
+
+int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
+  const AttentionConfig& c = plan.config();
+  const bool decode = plan.phase() == Phase::kDecode;
+  const char* fn = decode ? "msa.plan_decode" : "msa.plan_prefill";
+  auto st = std::make_shared<State>();
+  if (std::string why = unsupported_reason(fn, c); !why.empty()) {
+    if (!decode && dev.sm90_prefill) {  // the Hopper prefill serves it; run() reports if it falls back here
+      st->unsupported = why;
+      return st;
+    }
+    MSA_FAIL(kNotImplemented, why);
+  }
+  const int D = c.head_dim;
+  const int GP = static_cast<int>(std::bit_ceil(static_cast<unsigned>(c.group_size())));
+  const int max_qo = std::max(plan.max_qo_len(), 1);
+
+  // Rows: decode packs all of a request's tokens x the group into one tile when they fit in 128
+  // rows (M3, G=16: 1 token -> 16 rows, 4 -> 64, 8 -> 128); prefill uses 128 rows (64 at G=1 so a
+  // tile keeps <= 64 tokens; 64 at D=256 to bound registers and shared memory).
+  int rows;
+  if (decode) {
+    const int need = max_qo * GP;
+    rows = need <= 16 ? 16 : (need <= 64 ? 64 : 128);
+  } else {
+    rows = D == 256 ? std::max(GP, 64) : (GP == 1 ? 64 : 128);
+  }
+  int tile_tokens = std::min({rows / GP, kMaxTileTokens, max_qo});
+  int list_cap = 0;
+  if (c.topk > 0) {
+    // The sort holds tile_tokens x topk entries; fewer tokens per tile when a row is very long.
+    while (tile_tokens > 1 && static_cast<int64_t>(tile_tokens) * c.topk > kMaxListEntries) tile_tokens /= 2;
+    MSA_CHECK(c.topk <= kMaxListEntries, kNotImplemented, fn,
+              ": argument 'topk': the CUDA paged attention kernels support up to ", kMaxListEntries, ", got ", c.topk);
+    list_cap = static_cast<int>(std::bit_ceil(static_cast<unsigned>(tile_tokens * c.topk)));
+  }
+
+  const TileFacts facts = tile_facts(D, rows);
+  st->head_dim = D;
+  st->rows = rows;
+  st->threads = facts.threads;
+  st->group_pad = GP;
+  st->tile_tokens = tile_tokens;
+  st->list_cap = list_cap;
+  st->num_kv_heads = c.num_kv_heads;
+  if (decode) {
+    st->tiles_per_req = static_cast<int>(ceil_div64(max_qo, tile_tokens));
+    st->num_tiles = static_cast<int64_t>(plan.batch_size()) * st->tiles_per_req;
+  } else {
+    st->scan_tiles = true;
+    int64_t tiles = 0;
+    for (int32_t n : plan.qo_lens()) tiles += ceil_div64(std::max(n, 0), tile_tokens);
+    st->num_tiles = std::max<int64_t>(tiles, 1);
+  }
+  MSA_CHECK(st->num_tiles <= INT32_MAX, kNotImplemented, fn, ": the batch needs ", st->num_tiles,
+            " query tiles, more than one launch holds (2^31 - 1)");
+
+  // Pipeline depth: the deepest that fits the device (3 stages of 32 KB at D=128 on the H200).
+  const int optin = smem_optin(dev.device);
+  int stages = facts.max_stages;
+  while (stages > 2 && facts.smem_bytes(stages, list_cap) > static_cast<uint32_t>(optin)) --stages;
+  const uint32_t smem = facts.smem_bytes(stages, list_cap);
+  MSA_CHECK(smem <= static_cast<uint32_t>(optin), kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ",
+            D, ", ", rows, " rows and topk ", c.topk, " needs ", smem, " bytes of shared memory; ",
+            device_name(plan.device()), " allows ", optin);
+  st->stages = stages;
+  st->smem_bytes = smem;
+  int per_sm = 0;
+  for (ScalarType t : {ScalarType::kBF16, ScalarType::kF16})
+    per_sm = prepare_kernel(dev.device, kernel_entry(t, D, rows), st->threads, smem);
+  MSA_CHECK(per_sm >= 1, kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ", D, " and ", rows,
+            " rows does not fit on ", device_name(plan.device()));
+
+  // Splits. A work item is (tile, KV head); its block list has at most n_max entries.
+  const int64_t items = st->num_tiles * c.num_kv_heads;
+  const int64_t kv_blocks = std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1);
+  const int64_t n_max = c.topk > 0 ? std::min<int64_t>(static_cast<int64_t>(tile_tokens) * c.topk, kv_blocks) : kv_blocks;
+  const SplitOptions& so = plan.split_options();
+  int64_t splits = 1;
+  if (so.fixed_split_blocks > 0) {
+    // Decode: split s covers list entries [s*F, (s+1)*F) whatever the batch, so a request's result
+    // does not depend on the others (bitwise). Prefill tiles never split under F: one pass over
+    // the whole list is batch-invariant by construction and needs no workspace of total_q rows.
+    if (decode) {
+      splits = ceil_div64(n_max, so.fixed_split_blocks);
+      st->fixed_split_blocks = so.fixed_split_blocks;
+    }
+  } else {
+    // Enough CTAs to fill every SM once (one wave of per_sm x SMs slots); splitting finer than a
+    // wave only adds partials. B=32 at M3-TP1: 128 items, 264 slots -> 2 splits of 8 blocks.
+    const int64_t slots = static_cast<int64_t>(per_sm) * dev.sm_count;
+    splits = items >= slots ? 1 : std::min(slots / items, n_max);
+  }
+  if (so.max_splits > 0) splits = std::min<int64_t>(splits, so.max_splits);
+  splits = std::clamp<int64_t>(splits, 1, kMaxSplits);
+  if (!decode) {
+    // Prefill partials span total_q rows: keep them under 256 MiB.
+    const int64_t per_split = items * rows * (D + 1) * 4;
+    while (splits > 1 && per_split * splits > (int64_t{256} << 20)) --splits;
+  }
+  st->splits = static_cast<int>(splits);
+  if (splits > 1) {
+    const size_t rows_total = static_cast<size_t>(items) * splits * rows;
+    st->part_o = DeviceBuffer(rows_total * D * sizeof(float));
+    st->part_lse = DeviceBuffer(rows_total * sizeof(float));
+    st->counters = DeviceBuffer(static_cast<size_t>(items) * sizeof(uint32_t));
+  }
+  return st;
+}
+
+}  // namespace msa::detail::cuda::paged

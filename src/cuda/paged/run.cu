@@ -1,0 +1,48 @@
+// Run time for the paged family: fills the kernel parameters and launches. No allocation, no host
+// synchronization, no host read of device memory: safe under CUDA graph capture.
+#include "cuda/common/check.cuh"
+#include "cuda/paged/kernel_params.cuh"
+#include "cuda/paged/kernel_table.h"
+#include "cuda/paged/state.cuh"
+#include "cuda/plan_state.h"
+#include "msa/error.h"
+
+namespace msa::detail::cuda::paged {
+
+void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream) {
+  MSA_CHECK(s.unsupported.empty(), kNotImplemented, s.unsupported);
+  const void* fn = kernel_entry(p.dtype, s.head_dim, s.rows);
+  MSA_CHECK(fn != nullptr, kType, "msa.attention: argument 'q': the CUDA paged attention kernels take bfloat16 or "
+            "float16, got scalar type ", static_cast<int>(p.dtype));
+  MSA_CHECK(p.head_dim == s.head_dim && p.head_dim_v == s.head_dim, kValue,
+            "msa.attention: argument 'q': head_dim ", p.head_dim, " differs from the plan's ", s.head_dim);
+
+  KernelParams kp;
+  kp.a = p;
+  kp.scale_log2 = p.sm_scale * 1.4426950408889634f;
+  kp.group_pad = s.group_pad;
+  kp.tile_tokens = s.tile_tokens;
+  kp.tiles_per_req = s.tiles_per_req;
+  kp.scan_tiles = s.scan_tiles;
+  kp.num_splits = s.splits;
+  kp.fixed_split_blocks = s.fixed_split_blocks;
+  kp.num_stages = s.stages;
+  kp.list_cap = s.list_cap;
+  if (s.splits > 1) {
+    kp.part_o = s.part_o.as<float>();
+    kp.part_lse = s.part_lse.as<float>();
+    kp.counters = s.counters.as<uint32_t>();
+    if (!s.counters_zeroed.load(std::memory_order_acquire)) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      MSA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+      MSA_CUDA_CHECK(cudaMemsetAsync(s.counters.get(), 0, s.counters.bytes(), stream));
+      if (capture == cudaStreamCaptureStatusNone) s.counters_zeroed.store(true, std::memory_order_release);
+    }
+  }
+  const dim3 grid(static_cast<unsigned>(s.num_tiles), static_cast<unsigned>(s.num_kv_heads),
+                  static_cast<unsigned>(s.splits));
+  void* args[] = {&kp};
+  MSA_CUDA_CHECK(cudaLaunchKernel(fn, grid, dim3(s.threads), args, s.smem_bytes, stream));
+}
+
+}  // namespace msa::detail::cuda::paged

@@ -1,0 +1,42 @@
+// What a CUDA plan keeps for the paged kernel family: the launch geometry chosen at plan time and
+// the split workspaces. Everything that depends on lengths is read by the kernel at run time, so a
+// decode state depends only on (batch size, heads, top-k, limits).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/device_buffer.cuh"
+
+namespace msa::detail::cuda::paged {
+
+struct State {
+  // Set when this family cannot serve the plan but another one (the Hopper prefill) does; run()
+  // then reports it instead of launching.
+  std::string unsupported;
+
+  int head_dim = 0;
+  int rows = 0;            // MMA rows per CTA: 16, 64 or 128
+  int threads = 0;
+  int group_pad = 1;       // GQA group padded to a power of two (rows per token)
+  int tile_tokens = 1;     // query tokens per tile
+  int tiles_per_req = 1;   // decode: tiles of one request
+  bool scan_tiles = false; // prefill: tiles located by a scan of qo_indptr
+  int64_t num_tiles = 0;   // grid.x
+  int num_kv_heads = 0;    // grid.y
+  int splits = 1;          // grid.z
+  int fixed_split_blocks = 0;
+  int stages = 0;
+  int list_cap = 0;
+  uint32_t smem_bytes = 0;
+
+  DeviceBuffer part_o;     // fp32 [items, splits, rows, head_dim]
+  DeviceBuffer part_lse;   // fp32 [items, splits, rows]
+  DeviceBuffer counters;   // uint32 [items], zero between launches
+  // The counters are zeroed on the stream of the first eager run (a stream-ordered memset); a run
+  // under graph capture before that records the memset into the graph instead.
+  mutable std::atomic<bool> counters_zeroed{false};
+};
+
+}  // namespace msa::detail::cuda::paged

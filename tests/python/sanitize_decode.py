@@ -1,0 +1,86 @@
+"""A small pass over every path of the paged CUDA kernels, sized for compute-sanitizer (each launch
+runs once): sparse and dense decode, split and unsplit (fused merge), MTP union lists, padded groups,
+odd page sizes, the flat table and the slot-major pool, prefill tiles, merge_states and
+build_page_table, plus device values that must be clamped. Exits non-zero on a wrong result.
+
+    PYTHONPATH=build/python compute-sanitizer --tool memcheck  python3 tests/python/sanitize_decode.py
+    PYTHONPATH=build/python compute-sanitizer --tool racecheck python3 tests/python/sanitize_decode.py
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import msa  # noqa: E402
+import msa_testing as mt  # noqa: E402
+
+DEV = "cuda"
+
+
+def run(prob, decode=True, tamper=None, **split):
+    kw = dict(num_qo_heads=prob.num_qo_heads, num_kv_heads=prob.num_kv_heads, head_dim=prob.head_dim,
+              page_size=prob.page_size, topk=prob.topk, causal=prob.causal, device=DEV, **split)
+    if decode:
+        plan = msa.plan_decode(prob.batch_size, int(prob.qo_lens.max()), int(prob.kv_lens.max()), **kw)
+    else:
+        plan = msa.plan_prefill(prob.qo_lens, prob.kv_lens, qo_offset=prob.qo_offset, **kw)
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    if tamper:
+        tamper(t)
+    o, lse = msa.attention(plan, t["q"], t["k_cache"], t["v_cache"], t["page_table"], t["qo_indptr"], t["kv_lens"],
+                           block_idx=t["block_idx"], qo_offset=t["qo_offset"], page_indptr=t["page_indptr"],
+                           return_lse=True)
+    torch.cuda.synchronize()
+    return o.float().cpu().numpy(), lse.cpu().numpy()
+
+
+def check(name, prob, **kw):
+    o, lse = run(prob, **kw)
+    o_ref, lse_ref = mt.ref_attention(prob)
+    mt.assert_close(o, o_ref, what=name)
+    mt.assert_lse_close(lse, lse_ref)
+    print(f"ok {name}", flush=True)
+
+
+def main():
+    rng = np.random.default_rng(7)
+
+    def prob(qo, kv, g=16, hkv=1, d=128, **kw):
+        return mt.make_problem(rng, qo_lens=qo, kv_lens=kv, num_qo_heads=g * hkv, num_kv_heads=hkv, head_dim=d, **kw)
+
+    check("decode sparse, split", prob([1, 1], [3000, 700]))
+    check("decode sparse, unsplit", prob([1, 1], [3000, 700]), max_splits=1)
+    check("decode sparse, fixed split", prob([1, 1], [3000, 700], topk=32), fixed_split_blocks=3)
+    check("decode dense, split", prob([1, 1], [3000, 130], pattern=None))
+    check("decode mtp 4 tokens", prob([4, 3], [2000, 900], hkv=2, pattern="clustered"))
+    check("decode 8 tokens, G=16, D=64", prob([8, 2], [1000, 300], d=64))
+    check("decode G=12 padded, page 7, flat", prob([2, 1], [500, 90], g=12, page_size=7, flat_pages=True))
+    check("decode G=1, D=256, slot-major", prob([1, 2], [400, 800], g=1, hkv=4, d=256, slot_major=True,
+                                                 index_layout="HTK"))
+    check("prefill sparse", prob([70, 5], [300, 5], hkv=2, g=4), decode=False)
+    check("prefill dense, D=256", prob([33, 64], [100, 64], hkv=1, g=4, d=256, pattern=None), decode=False)
+
+    def tamper(t):
+        t["page_table"][0, 2] = 10**9
+        t["kv_lens"][1] = 10**8
+        t["block_idx"][0, 0, 0] = 2**31 - 1
+    o, lse = run(prob([1, 1], [900, 300]), tamper=tamper)
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    print("ok clamped device values", flush=True)
+
+    v = torch.randn(3, 9, 4, 64, device=DEV)
+    l = torch.randn(3, 9, 4, device=DEV)
+    l[0, :2] = float("-inf")
+    msa.merge_states(v, l, return_lse=True)
+    r2t = torch.arange(3 * 256, device=DEV, dtype=torch.int32).view(3, 256)
+    msa.build_page_table(r2t, torch.tensor([2, 0, 7], device=DEV, dtype=torch.int32),
+                         torch.tensor([256, 17, 5], device=DEV, dtype=torch.int32), 16)
+    torch.cuda.synchronize()
+    print("ok merge_states, build_page_table", flush=True)
+
+
+if __name__ == "__main__":
+    main()
