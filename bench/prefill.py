@@ -1,0 +1,347 @@
+"""Prefill attention benchmark: the P-* workloads of spec/benchmarks.md on msa's Hopper prefill kernels,
+with the peers and the ceilings measured in the same run.
+
+    PYTHONPATH=build/python python3 bench/prefill.py [--quick] [--shape M3-TP1] [--workload P-32K]
+
+Workloads (one request, D=128, blocks = pages = 128 tokens, top-16, bf16): P-32K (32768 tokens, no
+prefix), P-chunk (4096 new tokens after 28672 cached), P-128K (8192 new after 122880 cached); shapes
+M3-TP1 (Hq=64, Hkv=4) and M3-TP4 (Hq=16, Hkv=1). Selections (every row holds the token's own block, rows
+shuffled): `random` (15 uniformly random earlier blocks per token and KV head), `clustered` (block 0 and
+14 drawn from a pool of 24 earlier blocks fixed per 128-token query block and KV head), `shared` (15 earlier
+blocks per query block and KV head, the same for all its tokens).
+
+Rows: msa (default decomposition, chosen per tile on the device), msa-qmajor / msa-kvmajor (forced through
+MSA_SM90_PREFILL; not with --quick), msa-dense (dense causal paged), cudnn-sdpa (torch SDPA, cuDNN backend,
+dense causal on the same shapes; for a chunk after a prefix the causal mask is bottom-right aligned, and
+the row names the backend that accepted it), flex (FlexAttention with the block mask of the `shared`
+selection, own block causal). Effective TFLOP/s = 4 * D * (attended (query head, key) pairs) / time, the
+pairs counted exactly from the selections on the GPU. ratio = TFLOP/s over the 8192^3 bf16 matmul of the
+same run. max_err: largest abs difference against an fp32 computation of sampled rows (sparse), or against
+the cuDNN output (dense).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import inspect
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ceilings, main_guard, row, time_eager, write_results  # noqa: E402
+
+import msa  # noqa: E402
+
+SHAPES = {"M3-TP1": (64, 4), "M3-TP4": (16, 1)}          # (Hq, Hkv)
+WORKLOADS = {"P-32K": (32768, 32768), "P-chunk": (4096, 32768), "P-128K": (8192, 131072)}  # (qo_len, kv_len)
+BARS = {"random": 250.0, "clustered": 450.0, "shared": 550.0}  # TFLOP/s on P-32K and P-chunk
+D, BLOCK, TOPK = 128, 128, 16
+POOL, POOL_PICKS = 24, 14
+DEV = "cuda"
+
+
+# ---- data ------------------------------------------------------------------------------------------
+
+class Case:
+    """One request: q [T, Hq, D]; K/V both linear [1, Hkv, S, D] (for the peers) and paged
+    [pages, Hkv, 128, D] in a shuffled page order (for msa)."""
+
+    def __init__(self, qo_len: int, kv_len: int, hq: int, hkv: int, gen: torch.Generator):
+        self.T, self.S, self.hq, self.hkv, self.G = qo_len, kv_len, hq, hkv, hq // hkv
+        self.offset = kv_len - qo_len
+        self.scale = D ** -0.5
+        bf = torch.bfloat16
+        self.q = torch.randn(qo_len, hq, D, device=DEV, dtype=bf, generator=gen)
+        self.k_lin = torch.randn(1, hkv, kv_len, D, device=DEV, dtype=bf, generator=gen)
+        self.v_lin = torch.randn(1, hkv, kv_len, D, device=DEV, dtype=bf, generator=gen)
+        pages = math.ceil(kv_len / BLOCK)
+        perm = torch.randperm(pages, device=DEV, generator=gen)
+        pad = pages * BLOCK - kv_len
+
+        def paged(x):
+            x = F.pad(x[0], (0, 0, 0, pad)).view(hkv, pages, BLOCK, D).permute(1, 0, 2, 3)
+            out = torch.empty_like(x)
+            out[perm] = x
+            return out.contiguous()
+
+        self.k_cache, self.v_cache = paged(self.k_lin), paged(self.v_lin)
+        self.page_table = perm.to(torch.int32).view(1, pages).contiguous()
+        self.qo_indptr = torch.tensor([0, qo_len], device=DEV, dtype=torch.int32)
+        self.kv_lens = torch.tensor([kv_len], device=DEV, dtype=torch.int32)
+        self.pos = torch.arange(qo_len, device=DEV) + self.offset
+
+    def q_bhsd(self):
+        return self.q.permute(1, 0, 2).unsqueeze(0)  # [1, Hq, T, D] (a view)
+
+
+def _pad_slots(x: torch.Tensor, width: int) -> torch.Tensor:
+    if x.shape[-1] >= width:
+        return x[..., :width]
+    return torch.cat([x, torch.full((*x.shape[:-1], width - x.shape[-1]), -1, device=DEV, dtype=x.dtype)], -1)
+
+
+def _pick(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indexes of the k largest scores, -1 where the score is negative (not a candidate)."""
+    k = min(k, scores.shape[-1])
+    vals, idx = scores.topk(k, dim=-1)
+    return torch.where(vals >= 0, idx, torch.full_like(idx, -1))
+
+
+def selections(pattern: str, c: Case, gen: torch.Generator) -> torch.Tensor:
+    """[T, Hkv, TOPK] int32, rows shuffled, -1 in unused slots."""
+    own = c.pos // BLOCK                       # [T]
+    nqb = int(own.max()) + 1
+    blocks = torch.arange(nqb, device=DEV)
+    T, H = c.T, c.hkv
+    if pattern == "random":
+        sc = torch.rand(T, H, nqb, device=DEV, generator=gen)
+        sc = sc.masked_fill(blocks[None, None, :] >= own[:, None, None], -1.0)
+        others = _pad_slots(_pick(sc, TOPK - 1), TOPK - 1)
+    elif pattern in ("clustered", "shared"):
+        qbs = torch.arange(nqb, device=DEV)
+        sc = torch.rand(nqb, H, nqb, device=DEV, generator=gen)
+        earlier = blocks[None, None, :] < qbs[:, None, None]
+        if pattern == "clustered":
+            pool = _pad_slots(_pick(sc.masked_fill(~earlier | (blocks == 0)[None, None, :], -1.0), POOL), POOL)
+            tp = pool[own]                                               # [T, H, POOL]
+            pick = torch.rand(T, H, POOL, device=DEV, generator=gen).masked_fill(tp < 0, -1.0)
+            idx = _pick(pick, POOL_PICKS)
+            chosen = torch.where(idx >= 0, tp.gather(-1, idx.clamp(min=0)), torch.full_like(idx, -1))
+            zero = torch.where(own > 0, 0, -1)[:, None, None].expand(T, H, 1)
+            others = _pad_slots(torch.cat([zero, chosen], -1), TOPK - 1)
+        else:
+            per_qb = _pad_slots(_pick(sc.masked_fill(~earlier, -1.0), TOPK - 1), TOPK - 1)
+            others = per_qb[own]
+    else:
+        raise ValueError(pattern)
+    sel = torch.cat([own[:, None, None].expand(T, H, 1), others.to(own.dtype)], -1)
+    perm = torch.rand(T, H, TOPK, device=DEV, generator=gen).argsort(dim=-1)
+    return sel.gather(-1, perm).to(torch.int32).contiguous()
+
+
+def sparse_pairs(sel: torch.Tensor, c: Case) -> int:
+    """Attended (query head, key) pairs: per valid slot, the keys of the block at or before the position."""
+    pos = c.pos[:, None, None].to(torch.int64)
+    e = sel.to(torch.int64)
+    keys = (pos + 1 - e * BLOCK).clamp(0, BLOCK)
+    keys = torch.where((e >= 0) & (e * BLOCK < c.S), keys, torch.zeros_like(keys))
+    return int(keys.sum().item()) * c.G
+
+
+def dense_pairs(c: Case) -> int:
+    return int((c.pos + 1).clamp(max=c.S).sum().item()) * c.hq
+
+
+# ---- msa -------------------------------------------------------------------------------------------
+
+def msa_runner(c: Case, sel: torch.Tensor | None, mode: str = "auto"):
+    os.environ["MSA_SM90_PREFILL"] = mode  # read when the plan is built
+    plan = msa.plan_prefill([c.T], [c.S], num_qo_heads=c.hq, num_kv_heads=c.hkv, head_dim=D, page_size=BLOCK,
+                            topk=TOPK if sel is not None else 0, causal=True, device=DEV)
+    out = torch.empty_like(c.q)
+
+    def call():
+        msa.attention(plan, c.q, c.k_cache, c.v_cache, c.page_table, c.qo_indptr, c.kv_lens, block_idx=sel,
+                      out=out, sm_scale=c.scale)
+
+    return call, out
+
+
+def sparse_max_err(c: Case, sel: torch.Tensor, out: torch.Tensor, gen: torch.Generator, n: int = 16) -> float:
+    """Largest abs error of n sampled tokens' rows against fp32 attention over their selected keys."""
+    toks = torch.randint(0, c.T, (n,), device=DEV, generator=gen)
+    e = sel[toks].to(torch.int64)                                          # [n, H, K]
+    keys = e[..., None] * BLOCK + torch.arange(BLOCK, device=DEV)          # [n, H, K, 128]
+    ok = (e[..., None] >= 0) & (keys <= c.pos[toks][:, None, None, None]) & (keys < c.S)
+    keys = keys.clamp(0, c.S - 1).flatten(2)                               # [n, H, K*128]
+    ok = ok.flatten(2)
+    h = torch.arange(c.hkv, device=DEV)[None, :, None]
+    k = c.k_lin[0][h, keys].float()                                        # [n, H, L, D]
+    v = c.v_lin[0][h, keys].float()
+    q = c.q[toks].float().view(n, c.hkv, c.G, D)
+    s = torch.einsum("nhgd,nhld->nhgl", q, k) * c.scale
+    s = s.masked_fill(~ok[:, :, None, :], float("-inf"))
+    ref = torch.einsum("nhgl,nhld->nhgd", torch.softmax(s, -1), v).reshape(n, c.hq, D)
+    return float((out[toks].float() - ref).abs().max().item())
+
+
+# ---- peers -----------------------------------------------------------------------------------------
+
+def sdpa_runner(c: Case):
+    """Dense causal SDPA on the cuDNN backend; (callable, output [1, Hq, T, D], impl name) or raises.
+    T < S needs a bottom-right aligned causal mask: tried on cuDNN, then on the flash backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = c.q_bhsd().contiguous(), c.k_lin, c.v_lin
+    attempts = []
+    if c.T == c.S:
+        attempts.append(("cudnn-sdpa", SDPBackend.CUDNN_ATTENTION, dict(is_causal=True)))
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+
+        bias = causal_lower_right(c.T, c.S)
+        attempts += [("cudnn-sdpa", SDPBackend.CUDNN_ATTENTION, dict(attn_mask=bias)),
+                     ("sdpa-flash", SDPBackend.FLASH_ATTENTION, dict(attn_mask=bias))]
+    errors = []
+    for name, backend, kw in attempts:
+        for gqa in (True, False):
+            kk, vv = (k, v) if gqa else (k.repeat_interleave(c.G, 1), v.repeat_interleave(c.G, 1))
+            extra = dict(enable_gqa=True) if gqa else {}
+
+            def call(backend=backend, kw=kw, kk=kk, vv=vv, extra=extra):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, kk, vv, scale=c.scale, **kw, **extra)
+
+            try:
+                o = call()
+                torch.cuda.synchronize()
+                return call, o, name
+            except Exception as e:  # noqa: BLE001 (a backend refusing the shape: try the next)
+                errors.append(f"{name}{'' if gqa else ' (expanded K/V)'}: {type(e).__name__}: {str(e)[:120]}")
+    raise RuntimeError("; ".join(errors))
+
+
+def flex_runner(c: Case, sel: torch.Tensor):
+    """FlexAttention with the block mask of a `shared` selection: the earlier blocks full, the own block
+    causal. Requires the chunk to start on a block boundary (it does for every P-* workload)."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    assert c.offset % BLOCK == 0
+    nq, nk = math.ceil(c.T / BLOCK), math.ceil(c.S / BLOCK)
+    first = sel[::BLOCK].to(torch.int64)                                   # [nq, Hkv, K]: one row per q block
+    own = (c.pos[::BLOCK] // BLOCK)[:, None, None]
+    full = torch.where((first >= 0) & (first < own), first, torch.full_like(first, nk))
+    full = full.sort(dim=-1).values                                        # valid ones first, nk = none
+    full_num = (full < nk).sum(-1)                                         # [nq, Hkv]
+    full_idx = torch.zeros(nq, c.hkv, nk, device=DEV, dtype=torch.int64)
+    full_idx[..., :TOPK] = full.clamp(max=nk - 1)
+    part_idx = torch.zeros(nq, c.hkv, nk, device=DEV, dtype=torch.int64)
+    part_idx[..., 0] = own[:, :, 0]
+
+    def per_head(x):  # [nq, Hkv, ...] -> [1, Hq, nq, ...]
+        return x.transpose(0, 1).repeat_interleave(c.G, 0).unsqueeze(0).to(torch.int32).contiguous()
+
+    offset = c.offset
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx + offset >= kv_idx
+
+    kw = dict(BLOCK_SIZE=BLOCK, mask_mod=causal)
+    if "seq_lengths" in inspect.signature(BlockMask.from_kv_blocks).parameters:
+        kw["seq_lengths"] = (c.T, c.S)
+    bm = BlockMask.from_kv_blocks(per_head(torch.ones(nq, c.hkv, device=DEV)), per_head(part_idx),
+                                  per_head(full_num), per_head(full_idx), **kw)
+    flex = torch.compile(flex_attention, dynamic=False)
+    q, k, v = c.q_bhsd().contiguous(), c.k_lin, c.v_lin
+
+    def call():
+        return flex(q, k, v, block_mask=bm, scale=c.scale, enable_gqa=True)
+
+    o = call()
+    torch.cuda.synchronize()
+    return call, o
+
+
+# ---- driver ----------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def watchdog(seconds: int):
+    """A hung kernel blocks inside CUDA where Python cannot interrupt it: dump the stacks and exit."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def tflops(pairs: int, us: float) -> float:
+    return 4.0 * D * pairs / (us * 1e-6) / 1e12
+
+
+def bench_case(shape: str, wl: str, quick: bool, ceil: dict, rows: list, seed: int) -> None:
+    hq, hkv = SHAPES[shape]
+    qo_len, kv_len = WORKLOADS[wl]
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    c = Case(qo_len, kv_len, hq, hkv, gen)
+    iters = 10 if quick else 20
+
+    def emit(pattern, impl, us, pairs, **extra):
+        tf = tflops(pairs, us)
+        bar = BARS.get(pattern) if wl in ("P-32K", "P-chunk") and impl == "msa" else None
+        r = row(wl, shape, pattern, impl, us, tflops=tf, ceil=ceil, pairs=pairs, bar_tflops=bar, **extra)
+        rows.append(r)
+        err = "" if r["max_err"] is None else f"  max_err {r['max_err']:.2e}"
+        print(f"{wl:8s} {shape:7s} {pattern:9s} {impl:12s} {us:10.1f} us {tf:7.1f} TFLOP/s{err}", flush=True)
+
+    # dense causal: msa against cuDNN SDPA
+    pairs = dense_pairs(c)
+    call, out = msa_runner(c, None)
+    with watchdog(300):
+        us = time_eager(call, iters=iters)
+    ref = None
+    try:
+        sdpa_call, ref, sdpa_name = sdpa_runner(c)
+        sus = time_eager(sdpa_call, iters=iters)
+        emit("dense", sdpa_name, sus, pairs)
+    except Exception as e:  # noqa: BLE001
+        rows.append(row(wl, shape, "dense", "cudnn-sdpa", 0.0, error=str(e)[:400]))
+        print(f"{wl} {shape} dense cudnn-sdpa: {e}", flush=True)
+    err = None if ref is None else float((out - ref[0].transpose(0, 1)).abs().max().item())
+    emit("dense", "msa-dense", us, pairs, max_err=err)
+    del ref
+
+    for pattern in ("random", "clustered", "shared"):
+        sel = selections(pattern, c, gen)
+        pairs = sparse_pairs(sel, c)
+        modes = ["auto"] if quick else ["auto", "qmajor", "kvmajor"]
+        for mode in modes:
+            try:
+                call, out = msa_runner(c, sel, mode)
+                with watchdog(300):
+                    us = time_eager(call, iters=iters)
+                emit(pattern, "msa" if mode == "auto" else f"msa-{mode}", us, pairs,
+                     max_err=sparse_max_err(c, sel, out, gen))
+            except Exception as e:  # noqa: BLE001
+                rows.append(row(wl, shape, pattern, f"msa-{mode}", 0.0, error=str(e)[:400]))
+                print(f"{wl} {shape} {pattern} msa-{mode}: {e}", flush=True)
+        os.environ["MSA_SM90_PREFILL"] = "auto"
+        if pattern == "shared":
+            try:
+                fcall, fo = flex_runner(c, sel)
+                fus = time_eager(fcall, iters=iters)
+                ferr = float((fo[0].transpose(0, 1) - out).abs().max().item())  # against msa (auto) above
+                emit(pattern, "flex", fus, pairs, max_err=ferr)
+            except Exception as e:  # noqa: BLE001
+                rows.append(row(wl, shape, pattern, "flex", 0.0, error=str(e)[:400]))
+                print(f"{wl} {shape} flex: {e}", flush=True)
+        del sel
+    torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="P-32K and P-chunk at M3-TP1 only, default decomposition")
+    ap.add_argument("--shape", choices=list(SHAPES), action="append")
+    ap.add_argument("--workload", choices=list(WORKLOADS), action="append")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    main_guard()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    shapes = args.shape or (["M3-TP1"] if args.quick else list(SHAPES))
+    wls = args.workload or (["P-32K", "P-chunk"] if args.quick else list(WORKLOADS))
+    ceil = ceilings()
+    rows: list = []
+    for shape in shapes:
+        for wl in wls:
+            bench_case(shape, wl, args.quick, ceil, rows, args.seed)
+    write_results("prefill", ceil, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+// Tile sizes and pipeline depth of the Hopper prefill kernels, in one place.
+//
+// A work tile is (request, KV head, a run of tokens) whose MMA rows are tokens x group heads:
+// 128 rows = 128 / G tokens (G = query heads per KV head; M3: G = 16, 8 tokens). Two consumer
+// warpgroups take 64 rows each (wgmma M = 64); warp w of a warpgroup owns rows 16w..16w+15, so
+// with G = 16 one warp is exactly one token's 16 heads. A KV block is 128 keys = one TMA box of
+// a 128-token page (or a 128-key slice of a larger page).
+#pragma once
+
+namespace msa::detail::cuda::sm90 {
+
+inline constexpr int kHeadDim = 128;       // D = Dv: the only head dim these kernels take
+inline constexpr int kBlockKeys = 128;     // keys per selectable block (the contract fixes 128)
+inline constexpr int kTileRows = 128;      // MMA rows per work tile (tokens x G)
+inline constexpr int kConsumerWarpgroups = 2;
+inline constexpr int kWarpgroupRows = kTileRows / kConsumerWarpgroups;  // 64 = wgmma M
+inline constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);        // producer WG + consumers
+
+// K and V stages in flight. One stage holds a 128-key block of K and of V (32 KiB each, bf16);
+// with the 32 KiB Q tile, 3 stages take 224 KiB of the 227 KiB a CTA may have. At ~600 TFLOP/s
+// over 132 SMs one block (128 rows x 128 keys x 128 x 4 FLOP = 8.4 MFLOP) takes ~1.9 us, so 3
+// stages give the producer ~4 us to land a block fetched from a random page.
+inline constexpr int kStages = 3;
+
+// The half of a row that one 128B-swizzled TMA box and one wgmma K-major atom cover: 64 bf16.
+inline constexpr int kHalfDim = 64;
+inline constexpr int kHalfTileBytes = kTileRows * 128;    // 16 KiB: 128 rows x 128 B
+inline constexpr int kTileBytes = 2 * kHalfTileBytes;     // 32 KiB: 128 rows x 256 B
+
+// Register budgets after setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536 registers per SM,
+// equal to the 168 x 384 the kernel is launched with (ptxas must report 168).
+inline constexpr int kProducerRegs = 40;
+inline constexpr int kConsumerRegs = 232;
+
+// Named barriers of the consumer warpgroups (0 is __syncthreads): the V-tail fix of both, and the
+// issue turns of warpgroups 0 and 1 (kIssueBarrier, kIssueBarrier + 1).
+inline constexpr int kVTailBarrier = 1;
+inline constexpr int kIssueBarrier = 2;
+
+// Sparse tiles: a token mask per block is one 32-bit word, so at most 32 tokens per tile (G >= 4).
+inline constexpr int kMaxSparseTileTokens = 32;
+// Largest top-k the union pre-pass takes (tokens x topk entries sorted in shared memory).
+inline constexpr int kMaxTopk = 64;
+
+// KV-major path. A tile goes KV-major when query-major would run more than this many block-steps
+// per useful one (union of the tile's blocks / mean selections per token). Estimated costs of one
+// block-step of 8 tokens x 16 heads (to be checked against bench/prefill.py's msa-qmajor and
+// msa-kvmajor rows): query-major ~1.9 us of MMA; KV-major ~the same MMA plus
+// 96 KiB of partial-output and Q traffic (~3.7 us at the per-SM share of 3.5 TB/s), so the KV-major
+// path pays off past ~2x: `random` (~100-block unions for 16 selections) goes KV-major,
+// `clustered` (~26) and `shared` (16) stay query-major.
+inline constexpr int kKvMajorUnionRatio = 2;
+// KV-major takes G >= 8, so that one token's TMA box of G heads is a whole number of 8-row
+// 128B-swizzle atoms inside the Q tile.
+inline constexpr int kKvMinGroup = 8;
+// Tokens of one key's list handled by one KV-major work item (the K/V block is loaded once for them).
+inline constexpr int kKvItemTokens = 64;
+// Q tiles in flight in the KV-major kernel, and K/V blocks (one per work item) in flight.
+inline constexpr int kKvQStages = 2;
+inline constexpr int kKvBlockStages = 2;
+// Sub-windows of a KV-major window: its work items are ordered sub-window by sub-window, so that
+// the Q rows being gathered (512 tiles x 32 KiB = 16 MiB) stay in the 50 MB L2 while every block
+// they selected passes by; `random` would otherwise read each token's Q from HBM 16 times. Smaller
+// sub-windows re-read K/V more often (each sub-window touches most blocks: 64 MiB at M3-TP1, 32K).
+inline constexpr int kKvSubwindowTiles = 512;
+// Partial outputs of one window (bf16: 256 B per (token, slot, head)); windows of canonical tiles
+// are sized to fit: 2 GiB = 4096 tiles of 8 tokens x 16 heads x top-16.
+inline constexpr long long kKvPartialBudgetBytes = 2ll << 30;
+
+}  // namespace msa::detail::cuda::sm90

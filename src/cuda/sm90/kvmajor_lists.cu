@@ -1,0 +1,224 @@
+// KV-major list building and the LSE merge (see kvmajor_lists.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cub/block/block_scan.cuh>
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda/common/check.cuh"
+#include "cuda/sm90/config.h"
+#include "cuda/sm90/kvmajor_lists.h"
+#include "cuda/sm90/tile_common.cuh"
+
+namespace msa::detail::cuda::sm90 {
+
+namespace {
+
+constexpr int kEntryThreads = 128;
+constexpr int kScanThreads = 256;
+constexpr int kMergeThreads = 256;
+
+__device__ __forceinline__ bool kv_major_tile(const KvListParams& p, int32_t tile) {
+  return tile < live_tiles(p.sched, p.seqs.batch_size) && p.kv_major[tile] != 0;
+}
+
+__global__ void __launch_bounds__(kEntryThreads) kv_rank_kernel(KvListParams p) {
+  const int32_t tile = blockIdx.x;
+  if (!kv_major_tile(p, tile)) return;
+  const KvLists& L = p.lists;
+  const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
+  const SeqView v = load_seq(p.seqs, c.request);
+  const int32_t window = tile / L.window_tiles;
+  const int32_t sub = (tile - window * L.window_tiles) / L.subwindow_tiles;
+  const int64_t key_base = static_cast<int64_t>(p.lists.blk_cum[c.request]) +
+                           static_cast<int64_t>(c.kv_head) * num_kv_blocks(v.kv_len);
+  for (int x = threadIdx.x; x < L.list_capacity; x += blockDim.x) {
+    const int32_t e = contributing_block(p.block_idx, p.bi_stride_token, p.bi_stride_head, p.bi_stride_k, v,
+                                         c.chunk * p.sched.tile_tokens + x / L.topk, c.kv_head, x % L.topk, p.causal);
+    int32_t key = -1, rank = -1;
+    if (e >= 0 && key_base + e < L.block_keys) {
+      key = window * L.key_span + sub * L.block_keys + static_cast<int32_t>(key_base + e);
+      rank = atomicAdd(&L.key_count[key], 1);
+    }
+    const int64_t entry = static_cast<int64_t>(tile) * L.list_capacity + x;
+    L.entry_key[entry] = key;
+    L.entry_rank[entry] = rank;
+  }
+}
+
+__global__ void __launch_bounds__(kScanThreads) kv_scan_kernel(KvListParams p) {
+  using Scan = cub::BlockScan<int2, kScanThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int2 carry;
+  const KvLists& L = p.lists;
+  const int32_t window = blockIdx.x;
+  const int32_t batch = p.seqs.batch_size;
+  const int32_t keys = L.key_span;
+  int32_t* count = L.key_count + static_cast<int64_t>(window) * L.key_span;
+  int32_t* offset = L.key_offset + static_cast<int64_t>(window) * L.key_span;
+  KvWorkItem* items = L.items + static_cast<int64_t>(window) * L.item_capacity;
+  if (threadIdx.x == 0) carry = make_int2(0, 0);
+  __syncthreads();
+  const auto add = [](int2 a, int2 b) { return make_int2(a.x + b.x, a.y + b.y); };
+  for (int32_t base = 0; base < keys; base += kScanThreads) {
+    const int32_t k = base + threadIdx.x;
+    const int32_t n = k < keys ? count[k] : 0;
+    const int2 mine = make_int2(n, (n + kKvItemTokens - 1) / kKvItemTokens);
+    int2 excl, total;
+    Scan(scan_tmp).ExclusiveScan(mine, excl, make_int2(0, 0), add, total);
+    const int2 at = add(carry, excl);
+    if (k < keys) offset[k] = at.x;
+    if (mine.y > 0) {  // only keys that some entry counted: k % block_keys < blk_cum[batch]
+      const int32_t kb = k % L.block_keys;
+      int lo = 0, hi = batch;  // the request of the key: last b with blk_cum[b] <= kb
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (L.blk_cum[mid] <= kb) lo = mid; else hi = mid;
+      }
+      const int32_t local = kb - L.blk_cum[lo];
+      const int32_t nblk = (L.blk_cum[lo + 1] - L.blk_cum[lo]) / p.sched.num_kv_heads;
+      for (int32_t j = 0; j < mine.y; ++j) {
+        const int32_t idx = at.y + j;
+        if (idx >= L.item_capacity) break;
+        KvWorkItem w{};
+        w.request = lo;
+        w.kv_head = local / nblk;
+        w.block = local % nblk;
+        w.start = at.x + j * kKvItemTokens;
+        w.count = min(kKvItemTokens, n - j * kKvItemTokens);
+        items[idx] = w;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) carry = add(carry, total);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) L.item_count[window] = min(carry.y, L.item_capacity);
+}
+
+__global__ void __launch_bounds__(kEntryThreads) kv_fill_kernel(KvListParams p) {
+  const int32_t tile = blockIdx.x;
+  if (!kv_major_tile(p, tile)) return;
+  const KvLists& L = p.lists;
+  const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
+  const SeqView v = load_seq(p.seqs, c.request);
+  const int32_t window = tile / L.window_tiles;
+  const int64_t window_entries = static_cast<int64_t>(L.window_tiles) * L.list_capacity;
+  for (int x = threadIdx.x; x < L.list_capacity; x += blockDim.x) {
+    const int64_t entry = static_cast<int64_t>(tile) * L.list_capacity + x;
+    const int32_t rank = L.entry_rank[entry];
+    if (rank < 0) continue;
+    const int32_t token = v.qo_start + c.chunk * p.sched.tile_tokens + x / L.topk;
+    const int64_t local_entry = entry - window * window_entries;
+    L.pairs[window * window_entries + L.key_offset[L.entry_key[entry]] + rank] =
+        make_int2(token, static_cast<int32_t>(local_entry));
+  }
+}
+
+template <typename Elem>
+__device__ __forceinline__ float4 load4(const Elem* p) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+  } else {
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+  }
+}
+
+template <typename Elem>
+__device__ __forceinline__ void store4(Elem* p, float4 v) {
+  uint2 raw;
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    raw = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+  } else {
+    const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+    raw = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+  }
+  *reinterpret_cast<uint2*>(p) = raw;
+}
+
+// One CTA per tile of the window, one warp per (token, head) row; lane l merges dims 4l..4l+3.
+template <typename Elem>
+__global__ void __launch_bounds__(kMergeThreads) kv_merge_kernel(KvMergeParams p) {
+  const KvLists& L = p.lists;
+  const int32_t tile = p.window * L.window_tiles + blockIdx.x;
+  if (tile >= live_tiles(p.sched, p.seqs.batch_size) || p.kv_major[tile] == 0) return;
+  const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
+  const SeqView v = load_seq(p.seqs, c.request);
+  const int32_t group = 1 << p.group_shift;
+  const int lane = threadIdx.x & 31;
+  const Elem* part_o = static_cast<const Elem*>(L.part_o);
+  for (int r = threadIdx.x >> 5; r < kTileRows; r += kMergeThreads / 32) {
+    const int32_t i = r >> p.group_shift, head = r & (group - 1);
+    const int32_t qi = c.chunk * p.sched.tile_tokens + i;
+    if (qi >= v.qo_len) continue;
+    const int64_t entry0 = static_cast<int64_t>(tile) * L.list_capacity + i * L.topk;  // slot 0, global
+    const int64_t local0 = static_cast<int64_t>(blockIdx.x) * L.list_capacity + i * L.topk;
+    float lse_lo = -INFINITY, lse_hi = -INFINITY;  // slots lane and lane + 32
+    if (lane < L.topk && L.entry_rank[entry0 + lane] >= 0) lse_lo = L.part_lse[(local0 + lane) * group + head];
+    if (lane + 32 < L.topk && L.entry_rank[entry0 + lane + 32] >= 0)
+      lse_hi = L.part_lse[(local0 + lane + 32) * group + head];
+    float mx = fmaxf(lse_lo, lse_hi);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, d));
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float wsum = 0.f;
+    if (mx != -INFINITY) {
+      for (int s = 0; s < L.topk; ++s) {
+        const float ls = __shfl_sync(~0u, s < 32 ? lse_lo : lse_hi, s & 31);
+        if (ls == -INFINITY) continue;
+        const float w = exp2f(ls - mx);
+        const float4 x = load4(part_o + ((local0 + s) * group + head) * kHeadDim + 4 * lane);
+        wsum += w;
+        acc.x += w * x.x;
+        acc.y += w * x.y;
+        acc.z += w * x.z;
+        acc.w += w * x.w;
+      }
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    const int64_t tok = static_cast<int64_t>(v.qo_start) + qi;
+    const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head;
+    store4(static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head + 4 * lane,
+           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
+    if (p.lse != nullptr && lane == 0)
+      p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
+          wsum > 0.f ? (mx + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
+  }
+}
+
+}  // namespace
+
+void launch_kv_rank(const KvListParams& p, cudaStream_t stream) {
+  kv_rank_kernel<<<p.sched.num_tiles, kEntryThreads, 0, stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_kv_scan(const KvListParams& p, cudaStream_t stream) {
+  kv_scan_kernel<<<p.lists.num_windows, kScanThreads, 0, stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_kv_fill(const KvListParams& p, cudaStream_t stream) {
+  kv_fill_kernel<<<p.sched.num_tiles, kEntryThreads, 0, stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_kv_merge(const KvMergeParams& p, cudaStream_t stream) {
+  const int32_t first = p.window * p.lists.window_tiles;
+  const int32_t tiles = std::min(p.lists.window_tiles, p.sched.num_tiles - first);
+  if (tiles <= 0) return;
+  if (p.dtype == ScalarType::kBF16)
+    kv_merge_kernel<__nv_bfloat16><<<tiles, kMergeThreads, 0, stream>>>(p);
+  else
+    kv_merge_kernel<__half><<<tiles, kMergeThreads, 0, stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace msa::detail::cuda::sm90

@@ -1,0 +1,38 @@
+// What a prefill plan holds for the Hopper kernels: the decomposition chosen from the host lengths
+// (tile shape, tile count, KV-major windows) and every workspace the run-time passes write.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/device_buffer.cuh"
+#include "cuda/plan_state.h"
+#include "cuda/sm90/schedule.h"
+
+namespace msa::detail::cuda::sm90 {
+
+struct PrefillState {
+  int sm_count = 0;
+  int32_t batch_size = 0;
+  int32_t num_kv_heads = 0;
+  int32_t group_shift = 0;   // log2(G)
+  int32_t tile_tokens = 0;   // 128 / G
+  int32_t page_blocks = 1;   // page_size / 128
+  int32_t topk = 0;          // 0: dense
+  bool causal = true;
+  int32_t num_tiles = 0;     // canonical tiles of the plan's lengths
+  KvMajorRule rule = KvMajorRule::kNever;
+
+  DeviceBuffer tile_cum;  // [B + 1]
+  DeviceBuffer blk_cum;   // [B + 1]
+  DeviceBuffer counters;  // [1 + kv windows]: query-major tile counter, then one item counter per window
+
+  // Sparse: per-tile block unions (tile_lists) and the path of each tile.
+  DeviceBuffer list_entries, list_count, kv_major;
+  int32_t list_capacity = 0;
+
+  // KV-major (rule != kNever).
+  int32_t window_tiles = 0, num_windows = 0, subwindow_tiles = 0, block_keys = 0, key_span = 0, item_capacity = 0;
+  DeviceBuffer key_count, key_offset, entry_key, entry_rank, pairs, items, item_count, part_o, part_lse;
+};
+
+}  // namespace msa::detail::cuda::sm90

@@ -1,0 +1,30 @@
+// Template definitions behind launch.h for the query-major kernel; included once per dtype.
+#pragma once
+
+#include "cuda/common/check.cuh"
+#include "cuda/sm90/launch.h"
+#include "cuda/sm90/qmajor_kernel.cuh"
+
+namespace msa::detail::cuda::sm90 {
+
+template <bool kBf16>
+void launch_qmajor(bool sparse, const QMajorParams& p, int grid, cudaStream_t stream) {
+  if (sparse)
+    qmajor_prefill_kernel<kBf16, true><<<grid, kThreads, kQMajorSmemBytes, stream>>>(p);
+  else
+    qmajor_prefill_kernel<kBf16, false><<<grid, kThreads, kQMajorSmemBytes, stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kBf16>
+bool configure_qmajor() {
+  const void* kernels[] = {reinterpret_cast<const void*>(qmajor_prefill_kernel<kBf16, false>),
+                           reinterpret_cast<const void*>(qmajor_prefill_kernel<kBf16, true>)};
+  for (const void* k : kernels) {
+    if (!kernel_has_sm90a_body(k)) return false;
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kQMajorSmemBytes));
+  }
+  return true;
+}
+
+}  // namespace msa::detail::cuda::sm90

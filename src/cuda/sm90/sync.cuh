@@ -1,0 +1,83 @@
+// Synchronization and copy primitives of the Hopper kernels, over CCCL's cuda::ptx wrappers
+// (mbarrier, cp.async.bulk.tensor, proxy fences). Inline PTX only where CCCL has no wrapper:
+// setmaxnreg and named barriers.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <cuda/ptx>
+
+namespace msa::detail::cuda::sm90 {
+
+namespace ptx = ::cuda::ptx;
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t arrivals) { ptx::mbarrier_init(bar, arrivals); }
+
+// Makes initialized mbarriers visible to the async proxy (TMA completes transactions on them).
+__device__ __forceinline__ void barrier_init_fence() { ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster); }
+
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+  while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) { (void)ptx::mbarrier_arrive(bar); }
+
+// One arrival that also announces `bytes` of TMA transactions for the current phase.
+__device__ __forceinline__ void barrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
+}
+
+// TMA tile loads into this CTA's shared memory, completing `bytes` on bar. Coordinates are in
+// elements, innermost first; a box reaching outside the tensor is filled with zeros.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2,
+                                            uint64_t* bar) {
+  const int32_t coords[3] = {c0, c1, c2};
+  ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, map, coords, bar);
+}
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2,
+                                            int32_t c3, uint64_t* bar) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, map, coords, bar);
+}
+
+__device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
+// (wgmma operand reads, TMA writes into the same buffer).
+__device__ __forceinline__ void fence_generic_to_async() { ptx::fence_proxy_async(ptx::space_shared); }
+
+// Named barriers over `threads` threads (a multiple of 32); id 0 is __syncthreads. sync waits for
+// the barrier to complete, arrive only counts this warp in.
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Register budget per thread of the executing warpgroup (all of its 128 threads execute it).
+template <uint32_t kRegs>
+__device__ __forceinline__ void regs_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void regs_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 2^x on the SFU (ex2.approx.ftz: -inf -> +0, relative error ~2^-22).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace msa::detail::cuda::sm90

@@ -1,0 +1,113 @@
+// Warpgroup MMA (wgmma, sm_90a) for the prefill kernels: shared-memory matrix descriptors and the
+// two m64n128k16 forms used (fp32 accumulators). CCCL has no wrapper for wgmma, so this is inline PTX.
+//
+//   S = Q K^T : A = Q (smem, K-major), B = K block (smem, K-major)         -> mma_ss
+//   O += P V  : A = P (registers, bf16/fp16), B = V block (smem, MN-major) -> mma_rs (B transposed)
+//
+// Both operands in shared memory use the 128-byte swizzle that TMA writes (CU_TENSOR_MAP_SWIZZLE_128B):
+// rows of 128 B (64 elements), 16-byte chunk c of row r stored at chunk c ^ (r % 8), atoms of 8 rows
+// = 1024 B, every tile 1024-byte aligned (descriptor base offset 0).
+#pragma once
+
+#include <cstdint>
+
+namespace msa::detail::cuda::sm90 {
+
+// Matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address >> 4 in bits 0-13,
+// leading byte offset >> 4 in bits 16-29, stride byte offset >> 4 in bits 32-45, swizzle mode in
+// bits 62-63 (1 = 128B).
+//  K-major, 128B swizzle: SBO = 1024 (next 8 rows); LBO unused (1). Moving 16 elements along K
+//    inside the 64-element atom adds 32 B to the start address (the swizzle is applied to the
+//    address bits, which is why tiles are 1024-aligned).
+//  MN-major, 128B swizzle: LBO = distance between 64-element atoms along MN, SBO = 1024 (next
+//    8 rows along K).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving reads or writes of accumulator registers across a wgmma
+// fence / wait (the hardware writes them asynchronously).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#define MSA_WGMMA_D64                                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "  \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "     \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "     \
+  "%62, %63}"
+
+#define MSA_WGMMA_D64_OPERANDS(d)                                                                             \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
+      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+// Accumulator layout of m64n128 (per warpgroup; warp w owns rows 16w..16w+15; lane = 4g + t):
+//   d[4j + 0], d[4j + 1]: row 16w + g,     columns 8j + 2t, 8j + 2t + 1   (j = 0..15)
+//   d[4j + 2], d[4j + 3]: row 16w + g + 8, the same columns
+// The A fragment of k-step kk (columns 16kk..16kk+15) is then {d[8kk..8kk+1], d[8kk+2..+3],
+// d[8kk+4..+5], d[8kk+6..+7]} packed in pairs: rows g / g+8 at k 2t, then at k 8+2t.
+
+// D (+)= A B with A and B in shared memory, both K-major. accumulate = false overwrites D.
+template <bool kBf16>
+__device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  const uint32_t scale_d = accumulate ? 1u : 0u;
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MSA_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : MSA_WGMMA_D64_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MSA_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : MSA_WGMMA_D64_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+}
+
+// D += A B with A (4 registers of packed pairs, layout above) and B in shared memory, MN-major
+// (imm-trans-b = 1).
+template <bool kBf16>
+__device__ __forceinline__ void mma_rs_acc(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint64_t desc_b) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MSA_WGMMA_D64
+        ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : MSA_WGMMA_D64_OPERANDS(d)
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MSA_WGMMA_D64
+        ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : MSA_WGMMA_D64_OPERANDS(d)
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
+  }
+}
+
+#undef MSA_WGMMA_D64
+#undef MSA_WGMMA_D64_OPERANDS
+
+}  // namespace msa::detail::cuda::sm90
