@@ -37,8 +37,9 @@ for stage in "$@"; do
       script=${stage#sanitize=}
       for tool in memcheck racecheck synccheck; do
         step "compute-sanitizer $tool $script"
-        compute-sanitizer --tool $tool --error-exitcode 9 python3 "$script" > "$OUT/sanitize_${tool}.log" 2>&1
-        r=$?; tail -4 "$OUT/sanitize_${tool}.log"; [ $r = 0 ] || rc=1
+        log="$OUT/sanitize_$(basename "$script" .py)_${tool}.log"
+        compute-sanitizer --tool $tool --error-exitcode 9 python3 "$script" > "$log" 2>&1
+        r=$?; grep -E "SUMMARY" "$log" | tail -2; [ $r = 0 ] || rc=1
       done ;;
     bench=*)
       spec=${stage#bench=}; name=${spec%%:*}; bargs=""; [ "$spec" != "$name" ] && bargs=${spec#*:}
