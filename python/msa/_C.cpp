@@ -368,6 +368,9 @@ void bind_ops(nb::module_& m) {
 
 NB_MODULE(_C, m) {
   m.doc() = "msa C++ bindings (DLPack tensors in, msa entry points out). Use the msa package, not this module.";
+  // Plans held by module globals (user code, msa.torch_ops' handle registry) are still alive when the
+  // interpreter tears this module down; nanobind would report each as a leak at exit.
+  nb::set_leak_warnings(false);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
