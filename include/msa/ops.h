@@ -68,6 +68,21 @@ void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const 
 void build_page_table(const TensorView& req_to_token, const TensorView& req_pool_indices, const TensorView& seq_lens,
                       int page_size, const TensorView& out, const RunOptions& opts = {});
 
+// The whole MiniMax-M3 sparse layer as a serving engine calls it: block_scores of the index queries
+// (one index head per KV head: q_index [T, Hkv, Di]) over the index-K cache (same page table as k/v), then
+// select_topk of plan.config().topk blocks per (token, KV head) with the forced first/last blocks, then
+// sparse attention with the plan. scores (fp32, `layout`, max_blocks >= ceil(max kv_len / 128)) and block_idx
+// ([T, Hkv, topk] int32) are caller-provided workspaces, so the call allocates nothing and can be captured.
+struct IndexerInputs {
+  TensorView q;        // [total_q, Hkv, Di]
+  TensorView k;        // [num_pages, Hk, page_size, Di], bf16/fp16 or fp8 e4m3
+  TensorView k_scale;  // fp8 only: [num_pages, Hk, page_size] fp32
+};
+void sparse_attention_layer(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const IndexerInputs& index, const PageTable& pages, const Sequences& seqs, int force_begin,
+                            int force_end, const TensorView& scores, ScoreLayout layout, const TensorView& block_idx,
+                            const TensorView& o, const TensorView& lse = {}, const RunOptions& opts = {});
+
 // True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.
 bool cuda_available();
 

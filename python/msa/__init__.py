@@ -9,7 +9,7 @@ NotImplementedError (valid input this build or device cannot run), RuntimeError 
 Importing msa never imports torch. The semantics are those of docs/python_api.md.
 """
 from ._C import cuda_available
-from .ops import attention, block_scores, build_page_table, merge_states, select_topk
+from .ops import attention, block_scores, build_page_table, merge_states, select_topk, sparse_attention_layer
 from .plan import Plan, plan_decode, plan_prefill
 
 __version__ = "0.1.0"
@@ -24,4 +24,5 @@ __all__ = [
     "plan_decode",
     "plan_prefill",
     "select_topk",
+    "sparse_attention_layer",
 ]

@@ -213,3 +213,52 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max
     _C.build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, out,
                         resolve_stream(fn, stream, req_to_token))
     return out
+
+
+def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_table, qo_indptr, kv_lens, *,
+                           k_index_scale=None, qo_offset=None, page_indptr=None, force_begin=0, force_end=1,
+                           scores=None, score_layout="THK", block_idx=None, out=None, lse=None, return_lse=False,
+                           return_block_idx=False, sm_scale=None, stream=None):
+    """One MiniMax-M3 sparse layer: block_scores -> select_topk -> sparse attention, sharing the plan.
+
+    The index queries have one head per KV head (q_index [T, Hkv, Di]); the index-K cache shares the page
+    table of k_cache / v_cache. The selection keeps plan.topk blocks per (token, KV head), the first
+    force_begin and the last force_end valid ones always (M3: force_end=1, the token's own block).
+
+    Args:
+        plan: a sparse msa.Plan (topk > 0); its max_kv_len sizes the score workspace, so decode plans need no
+            host read of the lengths and the call can be captured in a CUDA graph.
+        q, k_cache, v_cache, page_table, qo_indptr, kv_lens, qo_offset, page_indptr, sm_scale, out, lse,
+            return_lse, stream: as for msa.attention.
+        q_index, k_index, k_index_scale: as q, k_index and k_scale of msa.block_scores.
+        scores: fp32 workspace in score_layout with max_blocks >= ceil(plan.max_kv_len / 128); allocated when None.
+        block_idx: int32 [T, Hkv, topk] workspace for the selection (any strides); allocated when None.
+        return_block_idx: also return the selection.
+
+    Returns:
+        o, then lse when return_lse, then block_idx when return_block_idx (a tuple when more than o).
+    """
+    fn = "msa.sparse_attention_layer"
+    if not isinstance(plan, _C.Plan):
+        raise TypeError(f"{fn}: argument 'plan': expected an msa.Plan, got {type(plan).__name__}")
+    if plan.topk <= 0:
+        raise ValueError(f"{fn}: argument 'plan': expected a sparse plan (topk > 0), got topk = {plan.topk}")
+    if _dim(q_index, 1) != plan.num_kv_heads:
+        raise ValueError(f"{fn}: argument 'q_index': expected [total_q, num_kv_heads = {plan.num_kv_heads}, D] "
+                         f"(one index head per KV head), got shape {tuple(getattr(q_index, 'shape', ()))}")
+    _layout(fn, score_layout)
+    max_blocks = math.ceil(plan.max_kv_len / BLOCK)
+    stream = resolve_stream(fn, stream, q)
+    scores = block_scores(q_index, k_index, page_table, qo_indptr, kv_lens, qo_offset=qo_offset,
+                          page_indptr=page_indptr, k_scale=k_index_scale,
+                          max_blocks=None if scores is not None else max_blocks, layout=score_layout,
+                          causal=plan.causal, out=scores, stream=stream)
+    block_idx = select_topk(scores, qo_indptr, kv_lens, plan.topk, qo_offset=qo_offset, layout=score_layout,
+                            force_begin=force_begin, force_end=force_end, causal=plan.causal, out=block_idx,
+                            stream=stream)
+    res = attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, block_idx=block_idx,
+                    qo_offset=qo_offset, page_indptr=page_indptr, out=out, lse=lse, return_lse=return_lse,
+                    sm_scale=sm_scale, stream=stream)
+    if not return_block_idx:
+        return res
+    return (*res, block_idx) if return_lse else (res, block_idx)
