@@ -1,4 +1,5 @@
-// Owning device allocations for plan workspaces, and a scoped current-device switch.
+// Owning device allocations for plan workspaces (drawn from the process-wide cache of device_pool.h, so
+// building and dropping plans costs no cudaMalloc / cudaFree once warm), and a scoped current-device switch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 #include <utility>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device_pool.h"
 
 namespace msa::detail::cuda {
 
@@ -14,17 +16,24 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes) MSA_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+    if (bytes) {
+      MSA_CUDA_CHECK(cudaGetDevice(&device_));
+      ptr_ = pool_acquire(bytes, &granted_);
+    }
   }
   ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) pool_release(ptr_, granted_, device_);
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
+        granted_(std::exchange(o.granted_, 0)), device_(o.device_) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);
+    std::swap(granted_, o.granted_);
+    std::swap(device_, o.device_);
     return *this;
   }
   void* get() const { return ptr_; }
@@ -34,7 +43,9 @@ class DeviceBuffer {
 
  private:
   void* ptr_ = nullptr;
-  size_t bytes_ = 0;
+  size_t bytes_ = 0;    // asked for
+  size_t granted_ = 0;  // held (a cached block may be larger)
+  int device_ = 0;
 };
 
 // Makes `device` current for the scope (the tensors' device may differ from the caller's current one).
