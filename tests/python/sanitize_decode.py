@@ -1,7 +1,8 @@
 """A small pass over every path of the paged CUDA kernels, sized for compute-sanitizer (each launch
-runs once): sparse and dense decode, split and unsplit (fused merge), MTP union lists, padded groups,
-odd page sizes, the flat table and the slot-major pool, prefill tiles, merge_states and
-build_page_table, plus device values that must be clamped. Exits non-zero on a wrong result.
+runs once): sparse and dense decode, split and unsplit (merge in a cluster and through the workspace),
+multi-token tiles, padded groups, odd page sizes, the flat table and the slot-major pool, prefill tiles,
+merge_states and build_page_table, plus device values that must be clamped. Exits non-zero on a wrong
+result.
 
     PYTHONPATH=build/python compute-sanitizer --tool memcheck  python3 tests/python/sanitize_decode.py
     PYTHONPATH=build/python compute-sanitizer --tool racecheck python3 tests/python/sanitize_decode.py
@@ -38,6 +39,7 @@ def run(prob, decode=True, tamper=None, **split):
 
 
 def check(name, prob, **kw):
+    print(f"begin {name}", flush=True)  # sanitizer reports print between begin and ok
     o, lse = run(prob, **kw)
     o_ref, lse_ref = mt.ref_attention(prob)
     mt.assert_close(o, o_ref, what=name)
@@ -54,23 +56,36 @@ def main():
     check("decode sparse, split", prob([1, 1], [3000, 700]))
     check("decode sparse, unsplit", prob([1, 1], [3000, 700]), max_splits=1)
     check("decode sparse, fixed split", prob([1, 1], [3000, 700], topk=32), fixed_split_blocks=3)
+    # 24 splits: more than a cluster holds, so the merge goes through the workspace and the last CTA
+    # (on sm_90 the splits above merge inside a thread-block cluster).
+    check("decode sparse, workspace merge", prob([1, 1], [3000, 700], topk=32), fixed_split_blocks=1)
     check("decode dense, split", prob([1, 1], [3000, 130], pattern=None))
-    check("decode mtp 4 tokens", prob([4, 3], [2000, 900], hkv=2, pattern="clustered"))
+    check("decode 4 tokens, one tile per token", prob([4, 3], [2000, 900], hkv=2, pattern="clustered"))
+    check("decode 4 tokens, G=4 union tile (CTA sort)",
+          prob([4, 3], [2000, 900], g=4, hkv=2, pattern="clustered"))
+    check("decode 2 tokens, G=32 union tile (64 rows)", prob([2, 1], [1500, 700], g=32))
     check("decode 8 tokens, G=16, D=64", prob([8, 2], [1000, 300], d=64))
     check("decode G=12 padded, page 7, flat", prob([2, 1], [500, 90], g=12, page_size=7, flat_pages=True))
     check("decode G=1, D=256, slot-major", prob([1, 2], [400, 800], g=1, hkv=4, d=256, slot_major=True,
                                                  index_layout="HTK"))
     check("prefill sparse", prob([70, 5], [300, 5], hkv=2, g=4), decode=False)
     check("prefill dense, D=256", prob([33, 64], [100, 64], hkv=1, g=4, d=256, pattern=None), decode=False)
+    # Page sizes the Hopper prefill kernels do not take: the paged family's prefill tiles (scan of
+    # qo_indptr, CTA-wide sort of 32 tokens x 16 entries) run on every arch.
+    check("prefill sparse, page 64 (paged family)", prob([70, 5], [300, 5], hkv=2, g=4, page_size=64), decode=False)
+    check("prefill dense, page 16 (paged family)", prob([40, 3], [250, 600], hkv=1, g=16, page_size=16,
+                                                         pattern=None), decode=False)
 
     def tamper(t):
         t["page_table"][0, 2] = 10**9
         t["kv_lens"][1] = 10**8
         t["block_idx"][0, 0, 0] = 2**31 - 1
+    print("begin clamped device values", flush=True)
     o, lse = run(prob([1, 1], [900, 300]), tamper=tamper)
     assert not np.isnan(o).any() and not np.isnan(lse).any()
     print("ok clamped device values", flush=True)
 
+    print("begin merge_states, build_page_table", flush=True)
     v = torch.randn(3, 9, 4, 64, device=DEV)
     l = torch.randn(3, 9, 4, device=DEV)
     l[0, :2] = float("-inf")

@@ -125,15 +125,20 @@ def test_decode_empty_rows_and_lengths(rng):
 
 @pytest.mark.parametrize("pattern", ["random", None])
 def test_decode_split_kv(rng, pattern):
-    """Few long requests: the plan splits each block list over many CTAs, merged by the last to finish."""
+    """Few long requests: the plan splits each block list over many CTAs, merged inside a thread-block
+    cluster (sm_90, up to 16 splits) or by the last CTA to finish through the workspace (32 splits)."""
     prob = problem(rng, [1, 1], [30000, 9000], pattern=pattern, group=16, num_kv_heads=1, topk=64)
-    for split in (dict(), dict(max_splits=3), dict(max_splits=1), dict(fixed_split_blocks=5)):
+    for split in (dict(), dict(max_splits=3), dict(max_splits=1), dict(fixed_split_blocks=5),
+                  dict(fixed_split_blocks=2)):
         check(plan_for(prob, **split), prob)
 
 
-def test_decode_mtp_union(rng):
-    """4 tokens of a request share one block list (their union); clustered selections overlap."""
-    prob = problem(rng, [4, 4, 4], [5000, 4000, 3000], pattern="clustered", group=16, num_kv_heads=4)
+@pytest.mark.parametrize("group", [4, 16, 32])
+def test_decode_mtp(rng, group):
+    """4 tokens per request: G=16 takes one 16-row tile per token; G=4 packs the 4 tokens in one 16-row
+    tile and G=32 in one 128-row tile, both over the union of their block lists (clustered selections
+    overlap)."""
+    prob = problem(rng, [4, 4, 4], [5000, 4000, 3000], pattern="clustered", group=group, num_kv_heads=2)
     check(plan_for(prob), prob)
 
 

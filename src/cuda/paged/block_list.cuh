@@ -40,29 +40,11 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
   return before + x - v;
 }
 
-// Ascending bitonic sort of keys[0, n), n a power of two. Up to 32 keys: one warp in registers
-// (no CTA barriers on the decode path of one token); more: the whole CTA in shared memory.
-// Every thread must call it; keys must be visible to all threads on entry (after a barrier).
+// Ascending bitonic sort of keys[0, n) in shared memory by the whole CTA, n a power of two (lists
+// of more than 32 entries; smaller ones take build_list_in_warp). Every thread must call it; keys
+// must be visible to all threads on entry (after a barrier) and are on return.
 template <int THREADS>
 __device__ void sort_keys(int32_t* keys, int n) {
-  if (n <= 32) {
-    if (threadIdx.x < 32) {
-      const int lane = threadIdx.x;
-      int v = lane < n ? keys[lane] : kNoEntry;
-#pragma unroll
-      for (int k = 2; k <= 32; k <<= 1) {
-#pragma unroll
-        for (int j = k >> 1; j > 0; j >>= 1) {
-          const int o = __shfl_xor_sync(kFullMask, v, j);
-          const bool lower = (lane & j) == 0, ascending = (lane & k) == 0;
-          v = (lower == ascending) ? min(v, o) : max(v, o);
-        }
-      }
-      if (lane < n) keys[lane] = v;
-    }
-    __syncthreads();
-    return;
-  }
   for (int k = 2; k <= n; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
       for (int i = threadIdx.x; i < n; i += THREADS) {
@@ -78,6 +60,41 @@ __device__ void sort_keys(int32_t* keys, int n) {
       __syncthreads();
     }
   }
+}
+
+// The whole list build of up to 32 entries inside one warp, in registers (decode of one token at
+// top-k <= 32: no CTA barrier, no shared-memory sort): lane e holds entry e's key (kNoEntry for an
+// empty slot), n is a power of two <= 32. Writes blk[u], mask[u] for the distinct blocks and returns
+// their count (in every lane). Must be called by all 32 lanes of the warp.
+__device__ __forceinline__ int build_list_in_warp(int32_t key, int n, int32_t* blk, uint64_t* mask) {
+  const int lane = threadIdx.x & 31;
+  int32_t v = lane < n ? key : kNoEntry;
+  // Bitonic network over the first n lanes (lanes >= n only ever exchange among themselves).
+  for (int k = 2; k <= n; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const int32_t o = __shfl_xor_sync(kFullMask, v, j);
+      const bool lower = (lane & j) == 0, ascending = (lane & k) == 0;
+      v = (lower == ascending) ? min(v, o) : max(v, o);
+    }
+  }
+  const int32_t b = v >> 6;
+  const int32_t prev = __shfl_up_sync(kFullMask, b, 1);
+  const bool starts = v != kNoEntry && (lane == 0 || prev != b);
+  // Tokens of each run (equal blocks are adjacent): a suffix OR inside the run, read at its start.
+  uint64_t m = v != kNoEntry ? 1ull << (v & 63) : 0ull;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint64_t om = __shfl_down_sync(kFullMask, m, o);
+    const int32_t ob = __shfl_down_sync(kFullMask, b, o);
+    if (lane + o < 32 && ob == b) m |= om;
+  }
+  const unsigned starts_mask = __ballot_sync(kFullMask, starts);
+  if (starts) {
+    const int u = __popc(starts_mask & ((1u << lane) - 1u));
+    blk[u] = b;
+    mask[u] = m;
+  }
+  return __popc(starts_mask);
 }
 
 // From sorted keys[0, n): blk[u] = the u-th distinct block, mask[u] = the tokens that selected it.

@@ -41,11 +41,18 @@ struct TileConfig {
   static constexpr int kWarpKeys = kKeys / kKeyGroups;         // keys per warp per tile (multiple of 16)
   static constexpr int kTilesPerBlock = kBlock / kKeys;
   static constexpr int kChunksPerRow = D * 2 / 16;             // 16-byte chunks per K/V/Q row (2-byte types)
+  // 3 stages keep 2 CTAs per SM (1 CTA with 4-6 stages measured 1.6-1.9x slower: see docs/decode.md).
   static constexpr int kMaxStages = D == 64 ? 4 : 3;
   // Q fragments live in registers for D <= 128 (32 registers at D=128); at D=256 they would take 64
   // and push the 128-register O accumulator into spills, so Q stays in shared memory there.
   static constexpr bool kQInRegs = D <= 128;
   static constexpr int kMinBlocksPerSm = (ROWS == 128 || D == 256) ? 1 : 2;
+  // Tile loads: 8 threads per K or V row, thread t8 copying 16-byte chunks t8 + 8j, so each
+  // instruction moves 128 contiguous bytes of a row and the thread's swizzled destination is a
+  // per-thread base plus immediates (rows of one thread are 8 apart: same row & 7).
+  static constexpr int kLoadRowsPerPass = kThreads / 8;
+  static constexpr int kLoadPasses = kKeys / kLoadRowsPerPass;
+  static constexpr int kLoadChunks = kChunksPerRow / 8;
   // Padding of the fp32 epilogue rows: 8 floats shift consecutive rows by 8 banks, so the float2
   // stores of a half-warp (4 rows x 4 lanes) hit 32 distinct banks.
   static constexpr int kEpiStride = D + 8;
@@ -53,6 +60,7 @@ struct TileConfig {
   static_assert(kWarpKeys % 16 == 0, "a warp's keys form whole MMA k-steps");
   static_assert(kThreads % kChunksPerRow == 0 && kKeys % (kThreads / kChunksPerRow) == 0, "tile load split");
   static_assert(kThreads >= kKeys && kKeys % 32 == 0, "one thread per key resolves page offsets");
+  static_assert(kLoadRowsPerPass % 8 == 0 && kKeys % kLoadRowsPerPass == 0 && kChunksPerRow % 8 == 0, "load map");
   static_assert(!kQInRegs || ROWS <= 2 * kKeys, "Q is staged in the last K+V stage");
 };
 
@@ -61,7 +69,10 @@ struct SmemLayout {
   uint32_t stages = 0;     // stages x (K tile, V tile); Q staging; the fp32 epilogue aliases it all
   uint32_t q = 0;          // Q tile (only when Q does not live in registers)
   uint32_t epi = 0;        // epilogue: WK x ROWS x (D+8) floats, then WK x ROWS m, l
-  uint32_t ring_off = 0;   // (stages+1) x KEYS x {k offset, v offset} int64
+  uint32_t part = 0;       // after the epilogue: a split's normalized rows (ROWS x D fp32, ROWS lse)
+                           // for the merge inside a cluster; usable when part_end <= ring_off
+  uint32_t part_end = 0;
+  uint32_t ring_off = 0;   // (stages+1) x KEYS x {k row, v row} pointers (the tensor base when invalid)
   uint32_t ring_valid = 0; // (stages+1) x 64-bit key validity masks
   uint32_t sort_keys = 0;  // list_cap int32 (block << 6 | token), sorted
   uint32_t list_blk = 0;   // list_cap int32: unique selected blocks, ascending
@@ -86,6 +97,8 @@ __host__ __device__ inline SmemLayout smem_layout(int num_stages, int list_cap) 
   }
   const uint32_t epi_bytes = C::kKeyGroups * ROWS * (C::kEpiStride + 2u) * 4u;
   s.epi = 0;
+  s.part = align_up(epi_bytes, 16);
+  s.part_end = s.part + ROWS * D * 4u + ROWS * 4u;
   off = align_up(off > epi_bytes ? off : epi_bytes, 16);
   s.ring_off = off;
   off += (num_stages + 1) * C::kKeys * 16u;

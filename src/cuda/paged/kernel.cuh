@@ -7,14 +7,17 @@
 //     from the device (nothing here trusts a value: lengths, indptr, pages and blocks are bounded);
 //  2. start the Q tile load (cp.async), build the tile's block list (sparse: union of the tokens'
 //     valid entries, sorted, with a token mask per block; dense: blocks 0 .. ceil(kv_hi/128)-1) and
-//     take this split's contiguous range of it;
+//     take this split's contiguous range of it (decode reads the block indexes of a guessed token
+//     row together with qo_indptr, so that the two dependent reads overlap);
 //  3. stream the range's key tiles through a multi-stage cp.async pipeline: one thread per key
 //     resolves the key's page through the page table one tile ahead of its load, into a ring of
 //     offsets; invisible keys (past the causal frontier or kv_len, bad page) are zero-filled;
 //  4. per warp: S = Q K^T (mma.sync m16n8k16), mask, online softmax in the exp2 domain, O += P V;
 //  5. combine the key-group warps, normalize, write o / lse (one split) or an fp32 partial; the last
-//     split of an item to finish (arrival counter) merges the partials in split order and resets
-//     the counter for the next launch (CUDA graph replay).
+//     split of an item to finish (arrival counter) merges the partials in split order
+//     (split_merge.cuh) and resets the counter for the next launch (CUDA graph replay).
+// Launched with programmatic stream serialization on sm_90, the grid may start while the previous
+// kernel of the stream finishes: every device read comes after grid_dependency_wait().
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,6 +31,7 @@
 #include "cuda/paged/kernel_params.cuh"
 #include "cuda/paged/merge_math.cuh"
 #include "cuda/paged/ptx.cuh"
+#include "cuda/paged/split_merge.cuh"
 
 namespace msa::detail::cuda::paged {
 
@@ -35,6 +39,10 @@ namespace msa::detail::cuda::paged {
 constexpr int kScratchTileReq = 40;
 constexpr int kScratchTileIdx = 41;
 constexpr int kScratchIsLast = 42;
+constexpr int kScratchListLen = 43;
+
+// Slack of the lazy running maximum (exp2 domain): p = 2^(x - m) stays <= 2^8.
+constexpr float kLazyMaxSlack = 8.f;
 
 __device__ __forceinline__ uint64_t low_bits(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
 
@@ -110,14 +118,17 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   constexpr uint32_t kRowBytes = D * 2;  // one K/V/Q row in shared memory
   constexpr uint32_t kStageBytes = kStageElems * 2;
   const uint32_t stages = smem_addr(smem) + L.stages;  // shared-window byte addresses from here on
-  longlong2* ring = reinterpret_cast<longlong2*>(smem + L.ring_off);
+  ulonglong2* ring = reinterpret_cast<ulonglong2*>(smem + L.ring_off);
   uint64_t* ring_valid = reinterpret_cast<uint64_t*>(smem + L.ring_valid);
   int32_t* sort_buf = reinterpret_cast<int32_t*>(smem + L.sort_keys);
   int32_t* list_blk = reinterpret_cast<int32_t*>(smem + L.list_blk);
   uint64_t* list_mask = reinterpret_cast<uint64_t*>(smem + L.list_mask);
 
   // ---- 1. the tile and its request -------------------------------------------------------------
+  grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
+  allow_dependent_launch(); // the next kernel may take free SM slots and wait there for this one
   const int g = blockIdx.y, split = blockIdx.z, S = kp.num_splits;
+  const bool sparse = p.block_idx != nullptr;
   int b, tile;
   if (kp.scan_tiles) {
     if (!find_scan_tile<kThreads>(p.seqs, kp.tile_tokens, blockIdx.x, scratch, b, tile)) return;
@@ -125,11 +136,32 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     b = blockIdx.x / kp.tiles_per_req;
     tile = blockIdx.x % kp.tiles_per_req;
   }
+  const int64_t first = static_cast<int64_t>(tile) * kp.tile_tokens;
+
+  // Entry e of the tile's list is (token e / topk, slot e % topk). When the list has at most one
+  // entry per thread, thread e reads entry e; decode first guesses the tile's token row (a full
+  // batch: request b starts at row b * spec_qo_len) so that this read overlaps the qo_indptr read
+  // it would otherwise wait for (~1 us at D-B1); a wrong guess (ragged batch) reads again below.
+  const bool one_entry = sparse && kp.list_cap <= kThreads;
+  const auto read_entry = [&](int64_t tok0, int e) {
+    const int i = e / p.topk, k = e - i * p.topk;
+    return p.block_idx[(tok0 + i) * p.bi_stride_token + static_cast<int64_t>(g) * p.bi_stride_head +
+                       static_cast<int64_t>(k) * p.bi_stride_k];
+  };
+  int32_t entry = -1;
+  int64_t spec_tok = -1;
+  int spec_nt = 0;
+  if (one_entry && kp.spec_qo_len > 0) {
+    spec_tok = static_cast<int64_t>(b) * kp.spec_qo_len + first;
+    const int64_t left = kp.spec_qo_len - first;
+    spec_nt = static_cast<int>(left <= 0 ? 0 : (left < kp.tile_tokens ? left : kp.tile_tokens));
+    if (tid < spec_nt * p.topk && spec_tok + tid / p.topk < p.seqs.total_q) entry = read_entry(spec_tok, tid);
+  }
+
   int64_t q0, q1;
   request_rows(p.seqs, b, q0, q1);
   const int kv_len = max(p.seqs.kv_lens[b], 0);
   const int64_t qo_off = p.seqs.qo_offset ? static_cast<int64_t>(p.seqs.qo_offset[b]) : kv_len - (q1 - q0);
-  const int64_t first = static_cast<int64_t>(tile) * kp.tile_tokens;
   const int64_t left = q1 - q0 - first;
   const int nt = static_cast<int>(left <= 0 ? 0 : (left < kp.tile_tokens ? left : kp.tile_tokens));
   if (nt == 0) return;  // every split of this item returns here too: its counter stays untouched
@@ -138,6 +170,18 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   const int kv_hi = p.causal ? max(0, min(kv_len, clamp_pos(pos_base + nt))) : kv_len;  // keys any row sees
   const int nblk = static_cast<int>((static_cast<int64_t>(kv_len) + kBlock - 1) / kBlock);
   const int G = p.group_size, GP = kp.group_pad, gp_shift = __ffs(GP) - 1;
+  // The request's page-table row (read here, while the block list is built).
+  int64_t row_base, row_len;
+  if (p.pages.indptr) {
+    int64_t a = p.pages.indptr[b], c = p.pages.indptr[b + 1];
+    a = a < 0 ? 0 : (a > p.pages.row_capacity ? p.pages.row_capacity : a);
+    c = c < a ? a : (c > p.pages.row_capacity ? p.pages.row_capacity : c);
+    row_base = a;
+    row_len = c - a;
+  } else {
+    row_base = static_cast<int64_t>(b) * p.pages.row_stride;
+    row_len = p.pages.row_capacity;
+  }
 
   // ---- 2a. Q tile -> shared (the last stage when Q then moves to registers) ---------------------
   // Rows are stored with their 16-byte chunks swizzled (chunk c of row r at c ^ (r & 7)), so the 8
@@ -157,26 +201,40 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   }
 
   // ---- 2b. block list and this split's range ---------------------------------------------------
-  const bool sparse = p.block_idx != nullptr;
   int n_list;
   if (sparse) {
     const int topk = p.topk, n_ent = nt * topk;  // <= list_cap: nt <= tile_tokens
-    for (int e = tid; e < kp.list_cap; e += kThreads) {
-      int32_t key = kNoEntry;
-      if (e < n_ent) {
-        const int i = e / topk, k = e - i * topk;
-        const int32_t blk = p.block_idx[(tok_base + i) * p.bi_stride_token + static_cast<int64_t>(g) * p.bi_stride_head +
-                                        static_cast<int64_t>(k) * p.bi_stride_k];
-        // A block past the token's own causal frontier shows it nothing: the token does not select it.
-        if (blk >= 0 && blk < nblk && (!p.causal || static_cast<int64_t>(blk) * kBlock <= pos_base + i))
-          key = (blk << 6) | i;
+    // A block past the token's own causal frontier shows it nothing: the token does not select it.
+    const auto key_of = [&](int e, int32_t blk) {
+      const int i = e / topk;
+      const bool ok = blk >= 0 && blk < nblk && (!p.causal || static_cast<int64_t>(blk) * kBlock <= pos_base + i);
+      return ok ? (blk << 6) | i : kNoEntry;
+    };
+    if (one_entry) {
+      if (tid < n_ent && !(tok_base == spec_tok && nt == spec_nt)) entry = read_entry(tok_base, tid);
+      const int32_t key = tid < n_ent ? key_of(tid, entry) : kNoEntry;
+      if (kp.list_cap <= 32) {
+        if (warp == 0) {
+          const int n = build_list_in_warp(key, kp.list_cap, list_blk, list_mask);
+          if (lane == 0) scratch[kScratchListLen] = n;
+        }
+        __syncthreads();
+        n_list = scratch[kScratchListLen];
+      } else {
+        if (tid < kp.list_cap) sort_buf[tid] = key;
+        __syncthreads();
+        sort_keys<kThreads>(sort_buf, kp.list_cap);
+        n_list = compact_runs<kThreads>(sort_buf, kp.list_cap, list_blk, list_mask, scratch);
+        __syncthreads();
       }
-      sort_buf[e] = key;
+    } else {
+      for (int e = tid; e < kp.list_cap; e += kThreads)
+        sort_buf[e] = e < n_ent ? key_of(e, read_entry(tok_base, e)) : kNoEntry;
+      __syncthreads();
+      sort_keys<kThreads>(sort_buf, kp.list_cap);
+      n_list = compact_runs<kThreads>(sort_buf, kp.list_cap, list_blk, list_mask, scratch);
+      __syncthreads();
     }
-    __syncthreads();
-    sort_keys<kThreads>(sort_buf, kp.list_cap);
-    n_list = compact_runs<kThreads>(sort_buf, kp.list_cap, list_blk, list_mask, scratch);
-    __syncthreads();
   } else {
     n_list = static_cast<int>((static_cast<int64_t>(kv_hi) + kBlock - 1) / kBlock);
   }
@@ -193,7 +251,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   const int n_tiles = (le - lb) * kTPB;
   const uint64_t all_tokens = low_bits(nt);
 
-  // ---- the two MMA rows of this thread: token, position; the warp's tokens and last position -------
+  // ---- the two MMA rows of this thread: token, position; the warp's tokens and positions ---------
   int tok_of[2], pos_of[2];
   uint64_t my_tokens = 0;
 #pragma unroll
@@ -209,24 +267,22 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
       static_cast<uint64_t>(__reduce_or_sync(kFullMask, static_cast<unsigned>(my_tokens))) |
       (static_cast<uint64_t>(__reduce_or_sync(kFullMask, static_cast<unsigned>(my_tokens >> 32))) << 32);
   const int warp_pos_max = __reduce_max_sync(kFullMask, max(pos_of[0], pos_of[1]));
+  // Smallest position of the warp's query rows (INT_MAX for a warp of padding rows only).
+  const int warp_pos_min = __reduce_min_sync(
+      kFullMask, min(tok_of[0] < 0 ? INT_MAX : pos_of[0], tok_of[1] < 0 ? INT_MAX : pos_of[1]));
 
-  // ---- 3. key offsets through the page table, one thread per key of a tile ---------------------
-  const int page_size = p.k.page_size;
-  int64_t row_base, row_len;
-  if (p.pages.indptr) {
-    int64_t a = p.pages.indptr[b], c = p.pages.indptr[b + 1];
-    a = a < 0 ? 0 : (a > p.pages.row_capacity ? p.pages.row_capacity : a);
-    c = c < a ? a : (c > p.pages.row_capacity ? p.pages.row_capacity : c);
-    row_base = a;
-    row_len = c - a;
-  } else {
-    row_base = static_cast<int64_t>(b) * p.pages.row_stride;
-    row_len = p.pages.row_capacity;
-  }
+  // ---- 3. key rows through the page table, one thread per key of a tile ---------------------------
+  // Page of key j: j >> page_shift for a power-of-two page size (every serving pool), else a 32-bit
+  // division (j < kv_hi <= INT_MAX). Rows go to the ring as pointers, so a tile load is a shared
+  // read and an add per row.
+  const int page_size = p.k.page_size, page_shift = kp.page_shift;
+  const T* kg = static_cast<const T*>(p.k.data);
+  const T* vg = static_cast<const T*>(p.v.data);
+  const T* kg_head = kg + static_cast<int64_t>(g) * p.k.stride_head;
+  const T* vg_head = vg + static_cast<int64_t>(g) * p.v.stride_head;
   struct KeyFetch {
     int32_t page = -1;
     int32_t off = 0;
-    bool ok = false;
   };
   // Issues the page-table load of key `tid` of tile x; the value is consumed in fetch_end, after
   // the current tile's math, so the load's latency hides behind it.
@@ -238,46 +294,49 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
       // int64: the last block of a kv_len near 2^31 would overflow int32 past kv_len.
       const int64_t j = static_cast<int64_t>(blk) * kBlock + (x % kTPB) * kKeys + tid;
       if (j < kv_hi) {
-        const int64_t lp = j / page_size;
+        const uint32_t ju = static_cast<uint32_t>(j);
+        const uint32_t lp = page_shift >= 0 ? ju >> page_shift : ju / static_cast<uint32_t>(page_size);
         if (lp < row_len) {
           f.page = __ldg(p.pages.table + row_base + lp);
-          f.off = static_cast<int32_t>(j - lp * page_size);
-          f.ok = true;
+          f.off = static_cast<int32_t>(ju - lp * static_cast<uint32_t>(page_size));
         }
       }
     }
     return f;
   };
   const auto fetch_end = [&](const KeyFetch& f, int slot) {
-    const bool ok = f.ok && f.page >= 0 && f.page < p.pages.num_pages;
-    longlong2 o;
-    o.x = ok ? f.page * p.k.stride_page + g * p.k.stride_head + f.off * p.k.stride_token : -1;
-    o.y = ok ? f.page * p.v.stride_page + g * p.v.stride_head + f.off * p.v.stride_token : -1;
-    ring[slot * kKeys + tid] = o;
+    const bool ok = f.page >= 0 && f.page < p.pages.num_pages;
+    ulonglong2 rows;
+    rows.x = reinterpret_cast<uint64_t>(ok ? kg_head + f.page * p.k.stride_page + f.off * p.k.stride_token : kg);
+    rows.y = reinterpret_cast<uint64_t>(ok ? vg_head + f.page * p.v.stride_page + f.off * p.v.stride_token : vg);
+    ring[slot * kKeys + tid] = rows;
     const unsigned bits = __ballot_sync(kFullMask, ok);
     if (lane == 0) reinterpret_cast<uint32_t*>(ring_valid + slot)[warp] = bits;
   };
-  const T* kg = static_cast<const T*>(p.k.data);
-  const T* vg = static_cast<const T*>(p.v.data);
+  // Thread (row r0 + pass * kLoadRowsPerPass, 8-chunk lane t8) of a tile load; see config.cuh.
+  constexpr int kRPP = C::kLoadRowsPerPass;
+  const int t8 = tid & 7, r0 = tid >> 3;
+  const uint32_t ld_dst = r0 * kRowBytes + ((t8 ^ (r0 & 7)) << 4);
   const auto load_tile = [&](int stage, int slot) {
-    const uint32_t ks = stages + stage * kStageBytes;
+    const uint32_t ks = stages + stage * kStageBytes + ld_dst;
     const uint32_t vs = ks + kKeys * kRowBytes;
-    const longlong2* offs = ring + slot * kKeys;
-    const int c = tid % kCpr;
-    constexpr int kRowStep = kThreads / kCpr;
-    // 4 rows per batch of offset reads: full unrolling (16 rows at D=256 with 2 warps) would keep
-    // every row's offsets live at once and spill.
-#pragma unroll 4
-    for (int it = 0; it < kKeys / kRowStep; ++it) {
-      const int r = tid / kCpr + it * kRowStep;
-      const longlong2 o = offs[r];
-      const uint32_t dst = r * kRowBytes + ((c ^ (r & 7)) << 4);
-      cp_async_16(ks + dst, o.x >= 0 ? kg + o.x + c * 8 : kg, o.x >= 0 ? 16 : 0);
-      cp_async_16(vs + dst, o.y >= 0 ? vg + o.y + c * 8 : vg, o.y >= 0 ? 16 : 0);
+    const ulonglong2* rows = ring + slot * kKeys + r0;
+    const uint64_t vbits = ring_valid[slot] >> r0;
+#pragma unroll
+    for (int it = 0; it < C::kLoadPasses; ++it) {
+      const ulonglong2 rp = rows[it * kRPP];
+      const bool fill = (vbits >> (it * kRPP)) & 1ull;
+      const char* kr = reinterpret_cast<const char*>(rp.x) + t8 * 16;
+      const char* vr = reinterpret_cast<const char*>(rp.y) + t8 * 16;
+#pragma unroll
+      for (int c = 0; c < C::kLoadChunks; ++c) {
+        cp_async_16_pred(ks + it * kRPP * kRowBytes + c * 128, kr + c * 128, fill);
+        cp_async_16_pred(vs + it * kRPP * kRowBytes + c * 128, vr + c * 128, fill);
+      }
     }
   };
 
-  // Prologue: offsets of tiles 0..NS-1, loads of tiles 0..NS-2 (cp.async groups after Q's).
+  // Prologue: rows of tiles 0..NS-1, loads of tiles 0..NS-2 (cp.async groups after Q's).
   if (tid < kKeys) {
     KeyFetch f[kMaxNS];
 #pragma unroll
@@ -317,27 +376,27 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
 #pragma unroll
   for (int n = 0; n < kDT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const uint64_t stage_keys = low_bits(kKeys);
+  const float sl2 = kp.scale_log2;
+  const uint64_t warp_keys = low_bits(kKW) << (wk * kKW);  // this warp's keys of a tile
+  // Stage and ring slot of tile x (x % NS, x % (NS+1)), of the tile loaded in iteration x
+  // (x+NS-1), and the slot filled at its end (x+NS), stepped instead of divided.
+  int stage = 0, slot = 0, ld_stage = NS - 1, ld_slot = NS - 1, fe_slot = NS;
+  const auto step = [](int v, int n) { return v + 1 == n ? 0 : v + 1; };
 
   for (int x = 0; x < n_tiles; ++x) {
     cp_async_wait_dyn(NS - 2);
-    __syncthreads();  // tile x landed for every thread; stage (x-1) % NS and its ring slot are free
-    {
-      const int xn = x + NS - 1;
-      if (xn < n_tiles) load_tile(xn % NS, xn % (NS + 1));
-      cp_async_commit();
-    }
+    __syncthreads();  // tile x landed for every thread; the stage and ring slot of tile x-1 are free
+    if (x + NS - 1 < n_tiles) load_tile(ld_stage, ld_slot);
+    cp_async_commit();
     KeyFetch ahead;
     if (tid < kKeys) ahead = fetch_begin(x + NS);
 
-    const int stage = x % NS, slot = x % (NS + 1);
     const int u = lb + x / kTPB;
     const int blk = sparse ? list_blk[u] : u;
     const uint64_t blk_tokens = sparse ? list_mask[u] : all_tokens;
     const int key0 = blk * kBlock + (x % kTPB) * kKeys;  // first key of the tile
-    const uint64_t valid = ring_valid[slot] & stage_keys;
-    const bool active = (blk_tokens & warp_tokens) != 0 && ((valid >> (wk * kKW)) & low_bits(kKW)) != 0 &&
-                        !(p.causal && key0 + wk * kKW > warp_pos_max);
+    const uint64_t valid = ring_valid[slot] & warp_keys;
+    const bool active = (blk_tokens & warp_tokens) != 0 && valid != 0 && !(p.causal && key0 + wk * kKW > warp_pos_max);
     if (active) {
       const uint32_t stage_base = stages + stage * kStageBytes;
       float s[kNT][4];
@@ -366,51 +425,75 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
           }
         }
       }
-      // Mask: the row's token selected this block, the key exists (page, kv_len), causal order.
-      bool row_sel[2];
+      // Visibility: the row's token selected this block, the key exists (page, kv_len), causal
+      // order. Most tiles are visible to every row of the warp (all of a decode token's blocks but
+      // its last): they skip the per-element mask (warp-uniform test).
+      const bool all_visible = valid == warp_keys && (blk_tokens & warp_tokens) == warp_tokens &&
+                               !(p.causal && key0 + (wk + 1) * kKW - 1 > warp_pos_min);
+      if (all_visible) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) row_sel[j] = tok_of[j] >= 0 && ((blk_tokens >> tok_of[j]) & 1ull);
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] *= sl2;
+        }
+      } else {
+        bool row_sel[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) row_sel[j] = tok_of[j] >= 0 && ((blk_tokens >> tok_of[j]) & 1ull);
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kl = wk * kKW + n * 8 + (lane & 3) * 2 + (e & 1);
+            const int j = e >> 1;
+            const bool vis = row_sel[j] && ((valid >> kl) & 1ull) && (!p.causal || key0 + kl <= pos_of[j]);
+            s[n][e] = vis ? s[n][e] * sl2 : -INFINITY;
+          }
+        }
+      }
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kl = wk * kKW + n * 8 + (lane & 3) * 2 + (e & 1);
-          const int j = e >> 1;
-          const bool vis = row_sel[j] && ((valid >> kl) & 1ull) && (!p.causal || key0 + kl <= pos_of[j]);
-          s[n][e] = vis ? s[n][e] * kp.scale_log2 : -INFINITY;
-          mx[j] = fmaxf(mx[j], s[n][e]);
-        }
+        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
       }
-      // Online softmax (exp2 domain). A row that has seen nothing keeps m = -inf and uses 0 as its
-      // base, so exp2(-inf - 0) = 0 and nothing turns into NaN.
-      float scale_old[2], base[2];
+      // Online softmax in the exp2 domain with a lazy maximum: the running max m moves only when a
+      // row's new logits exceed it by more than 8 (so p = 2^(x - m) <= 256, far from fp32/bf16
+      // limits, and l, o stay consistent with m); most tiles then skip the rescale of o (64 FMULs
+      // per thread at D=128) by a warp-uniform vote. A row that has seen nothing keeps m = -inf
+      // and uses 0 as its base, so exp2(-inf - 0) = 0 and nothing turns into NaN.
+      bool grow = false;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFullMask, mx[j], 1));
         mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFullMask, mx[j], 2));
-        const float m_new = fmaxf(m_run[j], mx[j]);
-        base[j] = m_new == -INFINITY ? 0.f : m_new;
-        scale_old[j] = exp2_approx(m_run[j] - base[j]);
-        m_run[j] = m_new;
+        grow |= mx[j] > m_run[j] + kLazyMaxSlack;
       }
-      float row_sum[2] = {0.f, 0.f};
+      if (__any_sync(kFullMask, grow)) {
+        float scale_old[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float m_new = fmaxf(m_run[j], mx[j]);
+          scale_old[j] = exp2_approx(m_run[j] - (m_new == -INFINITY ? 0.f : m_new));
+          m_run[j] = m_new;
+          l_run[j] *= scale_old[j];
+        }
+#pragma unroll
+        for (int n = 0; n < kDT; ++n) {
+          o[n][0] *= scale_old[0];
+          o[n][1] *= scale_old[0];
+          o[n][2] *= scale_old[1];
+          o[n][3] *= scale_old[1];
+        }
+      }
+      const float base[2] = {m_run[0] == -INFINITY ? 0.f : m_run[0], m_run[1] == -INFINITY ? 0.f : m_run[1]};
 #pragma unroll
       for (int n = 0; n < kNT; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           s[n][e] = exp2_approx(s[n][e] - base[e >> 1]);
-          row_sum[e >> 1] += s[n][e];
+          l_run[e >> 1] += s[n][e];
         }
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) l_run[j] = l_run[j] * scale_old[j] + row_sum[j];
-#pragma unroll
-      for (int n = 0; n < kDT; ++n) {
-        o[n][0] *= scale_old[0];
-        o[n][1] *= scale_old[0];
-        o[n][2] *= scale_old[1];
-        o[n][3] *= scale_old[1];
       }
       // O += P V: the S accumulators of two key n-tiles are the A fragment of one 16-key k-step.
 #pragma unroll
@@ -429,7 +512,12 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
         }
       }
     }
-    if (tid < kKeys) fetch_end(ahead, (x + NS) % (NS + 1));
+    if (tid < kKeys) fetch_end(ahead, fe_slot);
+    stage = step(stage, NS);
+    ld_stage = step(ld_stage, NS);
+    slot = step(slot, NS + 1);
+    ld_slot = step(ld_slot, NS + 1);
+    fe_slot = step(fe_slot, NS + 1);
   }
 
   // ---- 5. epilogue: combine key groups, normalize, write o / lse or the split's partial --------------
@@ -471,10 +559,18 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     pk.w = M::pack(v[6], v[7]);
     *reinterpret_cast<uint4*>(og + tok * p.o_stride_token + static_cast<int64_t>(head) * p.o_stride_head + c * 8) = pk;
   };
+  const auto real_row = [&](int r) { return (r >> gp_shift) < nt && (r & (GP - 1)) < G; };
+  const auto emit = [&](int r, int c, const float (&acc)[8], float lse) {
+    const int64_t tok = tok_base + (r >> gp_shift);
+    const int head = g * G + (r & (GP - 1));
+    store_o(tok, head, c, acc);
+    if (p.lse && c == 0) p.lse[tok * p.lse_stride_token + static_cast<int64_t>(head) * p.lse_stride_head] = lse;
+  };
+  float* po = reinterpret_cast<float*>(smem + L.part);  // [ROWS][D]: this split's rows (cluster merge)
+  float* plse = po + ROWS * D;                           // [ROWS]
   for (int idx = tid; idx < ROWS * kDT; idx += kThreads) {
     const int r = idx / kDT, c = idx % kDT;
-    const int i = r >> gp_shift, h = r & (GP - 1);
-    if (i >= nt || h >= G) continue;
+    if (!real_row(r)) continue;
     float m = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWK; ++w) m = fmaxf(m, em[w * ROWS + r]);
@@ -497,60 +593,44 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
       for (int e = 0; e < 8; ++e) acc[e] *= inv;
       lse = (m + log2f(l)) * kLn2;
     }
-    const int64_t tok = tok_base + i;
-    const int head = g * G + h;
     if (S == 1) {
-      store_o(tok, head, c, acc);
-      if (p.lse && c == 0) p.lse[tok * p.lse_stride_token + static_cast<int64_t>(head) * p.lse_stride_head] = lse;
+      emit(r, c, acc, lse);
     } else {
-      const int64_t row = (item * S + split) * ROWS + r;
-      float4* dst = reinterpret_cast<float4*>(kp.part_o + row * D + c * 8);
-      dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-      dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-      if (c == 0) kp.part_lse[row] = lse;
+      float* dst;
+      float* dst_lse;
+      if (kp.cluster_merge) {
+        dst = po + r * D;
+        dst_lse = plse + r;
+      } else {
+        const int64_t row = (item * S + split) * ROWS + r;
+        dst = kp.part_o + row * D;
+        dst_lse = kp.part_lse + row;
+      }
+      reinterpret_cast<float4*>(dst + c * 8)[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      reinterpret_cast<float4*>(dst + c * 8)[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      if (c == 0) *dst_lse = lse;
     }
   }
   if (S == 1) return;
+  if (kp.cluster_merge) {
+    merge_splits_in_cluster<D, ROWS, kThreads>(smem_addr(po), smem_addr(plse), S, split, real_row, emit);
+    return;
+  }
 
-  // ---- fused split merge: the last split of the item to arrive merges all of them in split order ----
-  __threadfence();  // this CTA's partials are visible device-wide before it counts itself in
+  // ---- fused split merge through the workspace: the last split of the item to arrive merges ------
+  // Release / acquire by one thread around the arrival counter (the CTA barriers order the other
+  // threads' partial writes before it and their reads after it).
   __syncthreads();
-  if (tid == 0) scratch[kScratchIsLast] = atomicAdd(kp.counters + item, 1u) == static_cast<unsigned>(S - 1);
+  if (tid == 0) {
+    __threadfence();
+    const unsigned arrived = atomicAdd(kp.counters + item, 1u);
+    __threadfence();
+    scratch[kScratchIsLast] = arrived == static_cast<unsigned>(S - 1);
+  }
   __syncthreads();
   if (!scratch[kScratchIsLast]) return;
-  __threadfence();
-  for (int idx = tid; idx < ROWS * kDT; idx += kThreads) {
-    const int r = idx / kDT, c = idx % kDT;
-    const int i = r >> gp_shift, h = r & (GP - 1);
-    if (i >= nt || h >= G) continue;
-    const int64_t row0 = item * S * ROWS + r;  // split s at row0 + s * ROWS
-    // Unrolled by 4 so that several partials' loads (L2 hits) are in flight per thread.
-    float m = -INFINITY;
-#pragma unroll 4
-    for (int sp = 0; sp < S; ++sp) m = lse_fold_max(m, __ldcg(kp.part_lse + row0 + sp * ROWS));
-    float sum = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    float lse = -INFINITY;
-    if (m != -INFINITY) {
-#pragma unroll 4
-      for (int sp = 0; sp < S; ++sp) {
-        const float ls = __ldcg(kp.part_lse + row0 + sp * ROWS);
-        if (ls == -INFINITY) continue;
-        const float wt = lse_weight(ls, m);
-        sum += wt;
-        const float4* src = reinterpret_cast<const float4*>(kp.part_o + (row0 + sp * ROWS) * D + c * 8);
-        const float4 a = __ldcg(src), z = __ldcg(src + 1);
-        acc[0] += wt * a.x, acc[1] += wt * a.y, acc[2] += wt * a.z, acc[3] += wt * a.w;
-        acc[4] += wt * z.x, acc[5] += wt * z.y, acc[6] += wt * z.z, acc[7] += wt * z.w;
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] /= sum;
-      lse = m + logf(sum);
-    }
-    const int64_t tok = tok_base + i;
-    const int head = g * G + h;
-    store_o(tok, head, c, acc);
-    if (p.lse && c == 0) p.lse[tok * p.lse_stride_token + static_cast<int64_t>(head) * p.lse_stride_head] = lse;
-  }
+  merge_splits<D, ROWS, kThreads>(kp.part_o + item * S * ROWS * D, kp.part_lse + item * S * ROWS, S, smem, L.ring_off,
+                                  real_row, emit);
   if (tid == 0) kp.counters[item] = 0;  // ready for the next launch (graph replays reuse the plan)
 }
 

@@ -24,6 +24,17 @@ struct KernelParams {
   int32_t num_stages = 3;
   int32_t list_cap = 0;         // sort capacity (power of two >= T * topk); 0 for dense plans
 
+  // Decode: request b's tokens are guessed to start at b * spec_qo_len (a full batch), so that the
+  // block indexes are read together with qo_indptr instead of after it (checked, reread on a miss).
+  // 0: no guess (prefill, dense).
+  int32_t spec_qo_len = 0;
+  // log2(page_size) when it is a power of two (the page of key j is j >> page_shift), else -1.
+  int32_t page_shift = -1;
+
+  // S > 1 on sm_90: the S splits of an item form one thread-block cluster and merge through
+  // distributed shared memory (split_merge.cuh); the workspaces below are then unused.
+  bool cluster_merge = false;
+
   // Workspaces (S > 1): per item (tile, KV head) and split, fp32 o of ROWS rows and their lse, and
   // one arrival counter per item (zero between launches: the last CTA resets it).
   float* part_o = nullptr;

@@ -11,6 +11,7 @@
 #include "cuda/common/check.cuh"
 #include "cuda/paged/config.cuh"
 #include "cuda/paged/kernel_table.h"
+#include "cuda/paged/split_merge.cuh"
 #include "cuda/paged/state.cuh"
 #include "cuda/plan_state.h"
 #include "msa/error.h"
@@ -24,12 +25,21 @@ struct TileFacts {
   int threads;
   int max_stages;
   uint32_t (*smem_bytes)(int stages, int list_cap);
+  uint32_t (*merge_bytes)(int stages, int list_cap);  // shared memory the fused merge may use
+  bool (*part_fits)(int stages, int list_cap);        // a split's rows fit beside the epilogue
 };
 template <int D, int ROWS>
 TileFacts facts_of() {
   using C = TileConfig<D, ROWS>;
-  return {C::kThreads, C::kMaxStages, [](int stages, int list_cap) { return smem_layout<D, ROWS>(stages, list_cap).total; }};
+  return {C::kThreads, C::kMaxStages,
+          [](int stages, int list_cap) { return smem_layout<D, ROWS>(stages, list_cap).total; },
+          [](int stages, int list_cap) { return smem_layout<D, ROWS>(stages, list_cap).ring_off; },
+          [](int stages, int list_cap) {
+            const SmemLayout l = smem_layout<D, ROWS>(stages, list_cap);
+            return l.part_end <= l.ring_off;
+          }};
 }
+
 template <int D>
 TileFacts facts_for_rows(int rows) {
   return rows == 16 ? facts_of<D, 16>() : (rows == 64 ? facts_of<D, 64>() : facts_of<D, 128>());
@@ -44,6 +54,7 @@ struct DeviceCache {
   std::map<int, int> smem_optin;                                  // device -> bytes
   std::map<std::pair<int, const void*>, uint32_t> smem_limit_set;  // (device, kernel) -> bytes allowed
   std::map<std::tuple<int, const void*, uint32_t>, int> ctas_per_sm;
+  std::map<std::tuple<int, const void*, uint32_t, int>, int> clusters;  // (device, kernel, smem, size) -> fit
 };
 DeviceCache& cache() {
   static DeviceCache c;
@@ -78,6 +89,38 @@ int prepare_kernel(int device, const void* fn, int threads, uint32_t bytes) {
   MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, bytes));
   c.ctas_per_sm[key] = n;
   return n;
+}
+
+// How many clusters of `size` CTAs (dims 1 x 1 x size) of the kernel fit on the device at once (0:
+// none, or the device cannot launch such clusters). Sizes above 8 need the non-portable cluster
+// attribute, which the H100 / H200 grant up to 16.
+int clusters_that_fit(int device, const void* fn, int threads, uint32_t bytes, int size) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto key = std::make_tuple(device, fn, bytes, size);
+  auto it = c.clusters.find(key);
+  if (it != c.clusters.end()) return it->second;
+  if (size > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return c.clusters[key] = 0;
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = static_cast<unsigned>(size);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1, 1, static_cast<unsigned>(size));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = bytes;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return c.clusters[key] = n;
 }
 
 // Why this family cannot run the configuration ("" when it can).
@@ -117,13 +160,18 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   const int GP = static_cast<int>(std::bit_ceil(static_cast<unsigned>(c.group_size())));
   const int max_qo = std::max(plan.max_qo_len(), 1);
 
-  // Rows: decode packs all of a request's tokens x the group into one tile when they fit in 128
-  // rows (M3, G=16: 1 token -> 16 rows, 4 -> 64, 8 -> 128); prefill uses 128 rows (64 at G=1 so a
-  // tile keeps <= 64 tokens; 64 at D=256 to bound registers and shared memory).
+  // Rows: decode tiles are 16 rows whenever the padded group fits (M3, G=16: one token per tile,
+  // MTP requests take one tile per token; G=4: 4 tokens per tile), so the 4 warps split every key
+  // tile. A 64-row tile holding 4 MTP tokens loads a block shared by them once, but only the warp
+  // of a token that selected the block computes on it: with the benchmark's random selections
+  // that serialized the math and measured 227 us against 165 us for one token per tile (D-mtp,
+  // H200). Groups above 16 take 64 / 128 rows (several tokens per tile when they fit); prefill
+  // uses 128 rows (64 at G=1 so a tile keeps <= 64 tokens; 64 at D=256 to bound registers and
+  // shared memory).
   int rows;
   if (decode) {
     const int need = max_qo * GP;
-    rows = need <= 16 ? 16 : (need <= 64 ? 64 : 128);
+    rows = GP <= 16 ? 16 : (need <= 64 ? 64 : 128);
   } else {
     rows = D == 256 ? std::max(GP, 64) : (GP == 1 ? 64 : 128);
   }
@@ -157,7 +205,8 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   MSA_CHECK(st->num_tiles <= INT32_MAX, kNotImplemented, fn, ": the batch needs ", st->num_tiles,
             " query tiles, more than one launch holds (2^31 - 1)");
 
-  // Pipeline depth: the deepest that fits the device (3 stages of 32 KB at D=128 on the H200).
+  // Pipeline depth: the deepest that fits the device (3 stages of 32 KB at D=128: 2 CTAs per SM on
+  // the H200).
   const int optin = smem_optin(dev.device);
   int stages = facts.max_stages;
   while (stages > 2 && facts.smem_bytes(stages, list_cap) > static_cast<uint32_t>(optin)) --stages;
@@ -168,8 +217,8 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   st->stages = stages;
   st->smem_bytes = smem;
   int per_sm = 0;
-  for (ScalarType t : {ScalarType::kBF16, ScalarType::kF16})
-    per_sm = prepare_kernel(dev.device, kernel_entry(t, D, rows), st->threads, smem);
+  const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
+  for (ScalarType t : kDtypes) per_sm = prepare_kernel(dev.device, kernel_entry(t, D, rows), st->threads, smem);
   MSA_CHECK(per_sm >= 1, kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ", D, " and ", rows,
             " rows does not fit on ", device_name(plan.device()));
 
@@ -195,13 +244,44 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   }
   if (so.max_splits > 0) splits = std::min<int64_t>(splits, so.max_splits);
   splits = std::clamp<int64_t>(splits, 1, kMaxSplits);
+  // The fused merge stages one row of every split (and all lse values) in the stage memory.
+  const uint32_t merge_room = facts.merge_bytes(stages, list_cap);
+  while (splits > 1 && merge_min_bytes(static_cast<int>(splits), rows, D) > merge_room) --splits;
   if (!decode) {
     // Prefill partials span total_q rows: keep them under 256 MiB.
     const int64_t per_split = items * rows * (D + 1) * 4;
     while (splits > 1 && per_split * splits > (int64_t{256} << 20)) --splits;
   }
+  // Sm_90: the splits of an item merge inside a thread-block cluster (split_merge.cuh) when its
+  // shared memory holds a split's rows and the device can place such clusters. Without a fixed
+  // split size the plan takes the largest split count (the one above, else 16, 8, 4, 2 below it)
+  // whose clusters all fit the device at once, and prefers it to the workspace merge (H200: dense
+  // D-B1 ran 70.5 us with 16 splits in clusters, 119 us with 64 through the workspace; D-B8 ran
+  // 20.6 us with clusters of 4, 30.7 us with clusters of 8, which do not all fit in one wave).
+  const auto clusters_fit = [&](int64_t n) {
+    if (dev.cc < 90 || n < 2 || n > kMaxClusterSplits || !facts.part_fits(stages, list_cap)) return 0;
+    int fit = INT32_MAX;
+    for (ScalarType t : kDtypes) {
+      const void* fn = kernel_entry(t, D, rows);
+      fit = std::min(fit, clusters_that_fit(dev.device, fn, st->threads, smem, static_cast<int>(n)));
+    }
+    return fit;
+  };
+  if (st->fixed_split_blocks > 0) {
+    st->cluster_merge = clusters_fit(splits) >= 1;
+  } else if (splits > 1) {
+    for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}}) {
+      if (n <= splits && clusters_fit(n) >= items) {
+        splits = n;
+        st->cluster_merge = true;
+        break;
+      }
+    }
+  }
   st->splits = static_cast<int>(splits);
-  if (splits > 1) {
+  st->spec_qo_len = decode && c.topk > 0 ? max_qo : 0;
+  st->pdl = dev.cc >= 90;
+  if (splits > 1 && !st->cluster_merge) {
     const size_t rows_total = static_cast<size_t>(items) * splits * rows;
     st->part_o = DeviceBuffer(rows_total * D * sizeof(float));
     st->part_lse = DeviceBuffer(rows_total * sizeof(float));

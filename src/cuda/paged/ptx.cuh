@@ -1,5 +1,6 @@
-// Thin wrappers over the sm_80 instructions the paged kernels use: cp.async (global -> shared,
-// 16 bytes, zero-fill), ldmatrix, mma.sync m16n8k16 (bf16 / fp16 in, fp32 accumulate), ex2.
+// Thin wrappers over the instructions the paged kernels use: cp.async (global -> shared, 16 bytes,
+// zero-fill), ldmatrix, mma.sync m16n8k16 (bf16 / fp16 in, fp32 accumulate), ex2 (sm_80); grid
+// dependency control and thread-block cluster barriers / distributed shared memory (sm_90).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +19,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
 }
+// The same with a predicate: fill = false writes zeros and reads nothing (gmem must still be a
+// mapped address: callers pass the tensor's base). One SASS instruction with reg + immediate
+// addressing on both sides, which the unrolled tile loads rely on.
+__device__ __forceinline__ void cp_async_16_pred(uint32_t smem, const void* gmem, bool fill) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.eq.u32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(smem),
+      "l"(gmem), "r"(static_cast<uint32_t>(fill)));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -31,6 +40,21 @@ __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
     case 2: cp_async_wait<2>(); break;
     default: cp_async_wait<3>(); break;
   }
+}
+
+// Programmatic dependent launch (sm_90+; no-ops before). A grid launched with the programmatic
+// stream-serialization attribute may start while the previous kernel of the stream still runs;
+// grid_dependency_wait() returns once that kernel has completed and its writes are visible.
+// allow_dependent_launch() lets the next such grid start once every CTA of this one has called it.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 // Shared-memory operands are 32-bit shared-window addresses: half the registers of generic pointers,
@@ -79,6 +103,33 @@ struct Mma<__half> {
     return *reinterpret_cast<uint32_t*>(&v);
   }
 };
+
+// Thread-block clusters (sm_90): a barrier over every thread of the cluster (release / acquire:
+// shared-memory writes before it are visible to other CTAs' reads after it), and loads from another
+// CTA's shared memory (distributed shared memory) at the address its own variable has there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_map(uint32_t smem, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+#endif
 
 // 2^x; ex2.approx(-inf) = +0, which the masked softmax relies on.
 __device__ __forceinline__ float exp2_approx(float x) {

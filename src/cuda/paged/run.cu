@@ -28,7 +28,12 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   kp.fixed_split_blocks = s.fixed_split_blocks;
   kp.num_stages = s.stages;
   kp.list_cap = s.list_cap;
-  if (s.splits > 1) {
+  kp.spec_qo_len = s.spec_qo_len;
+  const int ps = p.k.page_size;
+  kp.page_shift = ps > 0 && (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
+  kp.cluster_merge = s.cluster_merge;
+  bool pdl = s.pdl;
+  if (s.splits > 1 && !s.cluster_merge) {
     kp.part_o = s.part_o.as<float>();
     kp.part_lse = s.part_lse.as<float>();
     kp.counters = s.counters.as<uint32_t>();
@@ -37,12 +42,34 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
       MSA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
       MSA_CUDA_CHECK(cudaMemsetAsync(s.counters.get(), 0, s.counters.bytes(), stream));
       if (capture == cudaStreamCaptureStatusNone) s.counters_zeroed.store(true, std::memory_order_release);
+      pdl = false;  // the kernel follows the memset in plain stream order
     }
   }
-  const dim3 grid(static_cast<unsigned>(s.num_tiles), static_cast<unsigned>(s.num_kv_heads),
-                  static_cast<unsigned>(s.splits));
+  // Programmatic dependent launch (sm_90): the grid may be scheduled while the previous kernel of
+  // the stream finishes (the kernel waits for it before its first device read), which hides the
+  // launch latency of back-to-back decode steps.
+  cudaLaunchAttribute attrs[2]{};
+  unsigned num_attrs = 0;
+  if (pdl) {
+    attrs[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[num_attrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (s.cluster_merge) {  // the splits of an item form one cluster (split_merge.cuh)
+    attrs[num_attrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[num_attrs].val.clusterDim.x = 1;
+    attrs[num_attrs].val.clusterDim.y = 1;
+    attrs[num_attrs++].val.clusterDim.z = static_cast<unsigned>(s.splits);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(s.num_tiles), static_cast<unsigned>(s.num_kv_heads),
+                     static_cast<unsigned>(s.splits));
+  cfg.blockDim = dim3(s.threads);
+  cfg.dynamicSmemBytes = s.smem_bytes;
+  cfg.stream = stream;
+  cfg.attrs = num_attrs > 0 ? attrs : nullptr;
+  cfg.numAttrs = num_attrs;
   void* args[] = {&kp};
-  MSA_CUDA_CHECK(cudaLaunchKernel(fn, grid, dim3(s.threads), args, s.smem_bytes, stream));
+  MSA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, fn, args));
 }
 
 }  // namespace msa::detail::cuda::paged

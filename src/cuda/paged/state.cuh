@@ -30,8 +30,11 @@ struct State {
   int stages = 0;
   int list_cap = 0;
   uint32_t smem_bytes = 0;
+  int spec_qo_len = 0;     // decode: guessed tokens per request (KernelParams::spec_qo_len)
+  bool pdl = false;        // launch with programmatic stream serialization (sm_90+)
+  bool cluster_merge = false;  // splits > 1 merge inside a cluster of dims (1, 1, splits) (sm_90)
 
-  DeviceBuffer part_o;     // fp32 [items, splits, rows, head_dim]
+  DeviceBuffer part_o;     // fp32 [items, splits, rows, head_dim] (splits > 1 without a cluster merge)
   DeviceBuffer part_lse;   // fp32 [items, splits, rows]
   DeviceBuffer counters;   // uint32 [items], zero between launches
   // The counters are zeroed on the stream of the first eager run (a stream-ordered memset); a run
