@@ -10,6 +10,10 @@ shuffled): `random` (15 uniformly random earlier blocks per token and KV head), 
 14 drawn from a pool of 24 earlier blocks fixed per 128-token query block and KV head), `shared` (15 earlier
 blocks per query block and KV head, the same for all its tokens).
 
+msa rows are timed as CUDA-graph replay (run() only launches: ~10 launches and their host work, ~140 us a
+call when eager, are what a serving engine replays from a graph); eager_us beside them includes that host
+work. Peers are timed eagerly (one launch each).
+
 Rows: msa (default decomposition, chosen per tile on the device), msa-qmajor / msa-kvmajor (forced through
 MSA_SM90_PREFILL; not with --quick), msa-dense (dense causal paged), cudnn-sdpa (torch SDPA, cuDNN backend,
 dense causal on the same shapes; for a chunk after a prefix the causal mask is bottom-right aligned, and
@@ -18,6 +22,19 @@ selection, own block causal). Effective TFLOP/s = 4 * D * (attended (query head,
 pairs counted exactly from the selections on the GPU. ratio = TFLOP/s over the 8192^3 bf16 matmul of the
 same run. max_err: largest abs difference against an fp32 computation of sampled rows (sparse), or against
 the cuDNN output (dense).
+
+Experiments (one process, one set of ceilings):
+  --variants 'NAME:VAR=V,VAR=V;NAME2:...'  repeat every msa row with these environment settings (read at
+                                           plan time: MSA_SM90_KV_TMA_STORE, MSA_SM90_KV_SUBWINDOW_TILES,
+                                           ...); rows are named msa[NAME] / msa-qmajor[NAME] ...
+  --modes auto,qmajor,kvmajor              decompositions timed per sparse pattern (default: auto, or all
+                                           three without --quick)
+  --patterns dense,random,shared           patterns to run (default: dense and the three sparse ones)
+  --no-peers                               skip cuDNN SDPA and FlexAttention
+  --flex all|none|SHAPE:WORKLOAD,...       cases where FlexAttention runs (a compile of ~20 s each)
+  --profile                                per-kernel device time of each msa row (torch.profiler), in the
+                                           row as kernels_us and printed
+  --once                                   one call of each selected msa row, no timing (for ncu -k ...)
 """
 from __future__ import annotations
 
@@ -34,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ceilings, main_guard, row, time_eager, write_results  # noqa: E402
+from common import ceilings, main_guard, row, time_eager, time_graph, write_results  # noqa: E402
 
 import msa  # noqa: E402
 
@@ -140,10 +157,25 @@ def dense_pairs(c: Case) -> int:
 
 # ---- msa -------------------------------------------------------------------------------------------
 
-def msa_runner(c: Case, sel: torch.Tensor | None, mode: str = "auto"):
-    os.environ["MSA_SM90_PREFILL"] = mode  # read when the plan is built
-    plan = msa.plan_prefill([c.T], [c.S], num_qo_heads=c.hq, num_kv_heads=c.hkv, head_dim=D, page_size=BLOCK,
-                            topk=TOPK if sel is not None else 0, causal=True, device=DEV)
+@contextlib.contextmanager
+def environment(settings: dict):
+    """Environment variables set for the duration (the sm90 plan reads its knobs at plan time)."""
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def msa_runner(c: Case, sel: torch.Tensor | None, mode: str = "auto", env: dict | None = None):
+    with environment({"MSA_SM90_PREFILL": mode, **(env or {})}):
+        plan = msa.plan_prefill([c.T], [c.S], num_qo_heads=c.hq, num_kv_heads=c.hkv, head_dim=D, page_size=BLOCK,
+                                topk=TOPK if sel is not None else 0, causal=True, device=DEV)
     out = torch.empty_like(c.q)
 
     def call():
@@ -264,12 +296,41 @@ def tflops(pairs: int, us: float) -> float:
     return 4.0 * D * pairs / (us * 1e-6) / 1e12
 
 
-def bench_case(shape: str, wl: str, quick: bool, ceil: dict, rows: list, seed: int) -> None:
+KERNEL_NAMES = [("qmajor_prefill_kernel", "qmajor"), ("kvmajor_prefill_kernel", "kvmajor"), ("kv_merge", "merge"),
+                ("kv_rank", "rank"), ("kv_scan", "scan"), ("kv_fill", "fill"), ("tile_lists", "lists"),
+                ("tile_schedule", "schedule"), ("emset", "memset")]
+
+
+def kernel_breakdown(call, calls: int = 3) -> dict:
+    """Device microseconds per call of each kernel msa launches (torch.profiler over `calls` calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time_total", None)
+        if t is None:
+            t = getattr(evt, "cuda_time_total", 0.0)
+        if not t:
+            continue
+        short = next((v for k, v in KERNEL_NAMES if k in evt.key), None)
+        if short is None:
+            continue
+        out[short] = round(out.get(short, 0.0) + t / calls, 1)
+    return out
+
+
+def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> None:
     hq, hkv = SHAPES[shape]
     qo_len, kv_len = WORKLOADS[wl]
     gen = torch.Generator(device=DEV).manual_seed(seed)
     c = Case(qo_len, kv_len, hq, hkv, gen)
-    iters = 10 if quick else 20
+    iters = 10 if opts.quick else 20
 
     def emit(pattern, impl, us, pairs, **extra):
         tf = tflops(pairs, us)
@@ -277,45 +338,78 @@ def bench_case(shape: str, wl: str, quick: bool, ceil: dict, rows: list, seed: i
         r = row(wl, shape, pattern, impl, us, tflops=tf, ceil=ceil, pairs=pairs, bar_tflops=bar, **extra)
         rows.append(r)
         err = "" if r["max_err"] is None else f"  max_err {r['max_err']:.2e}"
-        print(f"{wl:8s} {shape:7s} {pattern:9s} {impl:12s} {us:10.1f} us {tf:7.1f} TFLOP/s{err}", flush=True)
+        eager = "" if "eager_us" not in extra else f"  eager {extra['eager_us']:.1f} us"
+        kern = "" if "kernels_us" not in extra else "  " + " ".join(f"{k} {v}" for k, v in extra["kernels_us"].items())
+        print(f"{wl:8s} {shape:7s} {pattern:9s} {impl:18s} {us:10.1f} us {tf:7.1f} TFLOP/s{err}{eager}{kern}",
+              flush=True)
+
+    def time_msa(call):
+        """(median us, extra row fields) of one msa configuration: CUDA-graph replay (run() only launches,
+        so a serving engine replays it from a graph), with the eager time (host work of every launch
+        included) beside it."""
+        if opts.once:
+            call()
+            torch.cuda.synchronize()
+            return None, {}
+        with watchdog(300):
+            eager = time_eager(call, iters=iters)
+            extra = {"eager_us": round(eager, 1)}
+            try:
+                us = time_graph(call, iters=iters, warmup=3)
+            except Exception as e:  # noqa: BLE001 (report the eager time and why)
+                us, extra["graph_error"] = eager, str(e)[:200]
+            if opts.profile:
+                extra["kernels_us"] = kernel_breakdown(call)
+        return us, extra
+
+    flex_wanted = opts.flex == "all" or f"{shape}:{wl}" in opts.flex.split(",")
 
     # dense causal: msa against cuDNN SDPA
     pairs = dense_pairs(c)
-    call, out = msa_runner(c, None)
-    with watchdog(300):
-        us = time_eager(call, iters=iters)
     ref = None
-    try:
-        sdpa_call, ref, sdpa_name = sdpa_runner(c)
-        sus = time_eager(sdpa_call, iters=iters)
-        emit("dense", sdpa_name, sus, pairs)
-    except Exception as e:  # noqa: BLE001
-        rows.append(row(wl, shape, "dense", "cudnn-sdpa", 0.0, error=str(e)[:400]))
-        print(f"{wl} {shape} dense cudnn-sdpa: {e}", flush=True)
-    err = None if ref is None else float((out - ref[0].transpose(0, 1)).abs().max().item())
-    emit("dense", "msa-dense", us, pairs, max_err=err)
+    if opts.peers and not opts.once and "dense" in opts.patterns:
+        try:
+            sdpa_call, ref, sdpa_name = sdpa_runner(c)
+            sus = time_eager(sdpa_call, iters=iters)
+            emit("dense", sdpa_name, sus, pairs)
+        except Exception as e:  # noqa: BLE001
+            rows.append(row(wl, shape, "dense", "cudnn-sdpa", 0.0, error=str(e)[:400]))
+            print(f"{wl} {shape} dense cudnn-sdpa: {e}", flush=True)
+    if "dense" in opts.patterns:
+        for vname, env in opts.variants:
+            call, out = msa_runner(c, None, env=env)
+            us, extra = time_msa(call)
+            if us is None:
+                continue
+            err = None if ref is None else float((out - ref[0].transpose(0, 1)).abs().max().item())
+            emit("dense", f"msa-dense{vname}", us, pairs, max_err=err, **extra)
     del ref
 
     for pattern in ("random", "clustered", "shared"):
+        if pattern not in opts.patterns:
+            continue
         sel = selections(pattern, c, gen)
         pairs = sparse_pairs(sel, c)
-        modes = ["auto"] if quick else ["auto", "qmajor", "kvmajor"]
-        for mode in modes:
-            try:
-                call, out = msa_runner(c, sel, mode)
-                with watchdog(300):
-                    us = time_eager(call, iters=iters)
-                emit(pattern, "msa" if mode == "auto" else f"msa-{mode}", us, pairs,
-                     max_err=sparse_max_err(c, sel, out, gen))
-            except Exception as e:  # noqa: BLE001
-                rows.append(row(wl, shape, pattern, f"msa-{mode}", 0.0, error=str(e)[:400]))
-                print(f"{wl} {shape} {pattern} msa-{mode}: {e}", flush=True)
-        os.environ["MSA_SM90_PREFILL"] = "auto"
-        if pattern == "shared":
+        out = None
+        for mode in opts.modes:
+            for vname, env in opts.variants:
+                impl = ("msa" if mode == "auto" else f"msa-{mode}") + vname
+                try:
+                    call, o = msa_runner(c, sel, mode, env)
+                    us, extra = time_msa(call)
+                    if us is None:
+                        continue
+                    emit(pattern, impl, us, pairs, max_err=sparse_max_err(c, sel, o, gen), **extra)
+                    if out is None:
+                        out = o
+                except Exception as e:  # noqa: BLE001
+                    rows.append(row(wl, shape, pattern, impl, 0.0, error=str(e)[:400]))
+                    print(f"{wl} {shape} {pattern} {impl}: {e}", flush=True)
+        if pattern == "shared" and opts.peers and not opts.once and flex_wanted:
             try:
                 fcall, fo = flex_runner(c, sel)
                 fus = time_eager(fcall, iters=iters)
-                ferr = float((fo[0].transpose(0, 1) - out).abs().max().item())  # against msa (auto) above
+                ferr = None if out is None else float((fo[0].transpose(0, 1) - out).abs().max().item())  # against msa
                 emit(pattern, "flex", fus, pairs, max_err=ferr)
             except Exception as e:  # noqa: BLE001
                 rows.append(row(wl, shape, pattern, "flex", 0.0, error=str(e)[:400]))
@@ -324,23 +418,47 @@ def bench_case(shape: str, wl: str, quick: bool, ceil: dict, rows: list, seed: i
     torch.cuda.empty_cache()
 
 
+def parse_variants(spec: str | None) -> list:
+    """'NAME:VAR=V,VAR=V;...' -> [(suffix, env)]; the default decomposition's knobs are variant ''."""
+    if not spec:
+        return [("", {})]
+    out = []
+    for item in spec.split(";"):
+        name, _, settings = item.partition(":")
+        env = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
+        out.append((f"[{name}]", env))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="P-32K and P-chunk at M3-TP1 only, default decomposition")
     ap.add_argument("--shape", choices=list(SHAPES), action="append")
     ap.add_argument("--workload", choices=list(WORKLOADS), action="append")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--variants", help="'NAME:VAR=V,VAR=V;NAME2:...' environment settings per msa variant")
+    ap.add_argument("--modes", help="decompositions per sparse pattern, e.g. auto,qmajor,kvmajor")
+    ap.add_argument("--patterns", help="dense,random,clustered,shared (default: all)")
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help="skip cuDNN SDPA and FlexAttention")
+    ap.add_argument("--flex", default="all",
+                    help="cases where FlexAttention runs: all, none, or SHAPE:WORKLOAD,... (its compile takes ~20 s a case)")
+    ap.add_argument("--profile", action="store_true", help="per-kernel device time of each msa row")
+    ap.add_argument("--once", action="store_true", help="one call per msa row, no timing (for ncu)")
     args = ap.parse_args()
     main_guard()
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = args.shape or (["M3-TP1"] if args.quick else list(SHAPES))
     wls = args.workload or (["P-32K", "P-chunk"] if args.quick else list(WORKLOADS))
-    ceil = ceilings()
+    args.variants = parse_variants(args.variants)
+    args.modes = args.modes.split(",") if args.modes else (["auto"] if args.quick else ["auto", "qmajor", "kvmajor"])
+    args.patterns = args.patterns.split(",") if args.patterns else ["dense", "random", "clustered", "shared"]
+    ceil = {"copy_gbps": None, "matmul_tflops": None} if args.once else ceilings()
     rows: list = []
     for shape in shapes:
         for wl in wls:
-            bench_case(shape, wl, args.quick, ceil, rows, args.seed)
-    write_results("prefill", ceil, rows)
+            bench_case(shape, wl, args, ceil, rows, args.seed)
+    if not args.once:
+        write_results("prefill", ceil, rows)
 
 
 if __name__ == "__main__":

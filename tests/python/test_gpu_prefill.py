@@ -189,6 +189,45 @@ def test_repeated_runs_are_bitwise_equal(rng, monkeypatch, mode):
         np.testing.assert_array_equal(first[1], again[1])
 
 
+@pytest.mark.parametrize("pattern", ["clustered", None])
+def test_qmajor_long_and_empty_tiles(rng, monkeypatch, pattern):
+    """Query-major tiles longer than the stage ring (every stage and its record reused), a tile that
+    selects nothing (its Q buffer released without a product), and dense tiles."""
+    prob = problem(rng, [90, 17], [2600, 17], pattern=pattern)
+    if pattern:
+        prob.block_idx = prob.block_idx.copy()
+        prob.block_idx[8:16] = -1            # the second tile of request 0 selects nothing
+    o, lse = check(plan_for(prob, monkeypatch, "qmajor"), prob)
+    if pattern:
+        assert (o[8:16] == 0).all() and np.isneginf(lse[8:16]).all()
+
+
+@pytest.mark.parametrize("group,num_kv_heads,topk", [(4, 1, 16), (4, 1, 32), (16, 2, 64)])
+@pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
+def test_tile_list_sizes(rng, monkeypatch, group, num_kv_heads, topk, mode):
+    """Tile unions of 512 entries (32 tokens x top-16, the largest the warp sort takes), 1024 (the CTA
+    kernel) and 8 tokens x top-64; duplicates in rows fold into one entry."""
+    prob = problem(rng, [150, 40], [9000, 40], group=group, num_kv_heads=num_kv_heads, topk=topk, pattern="random")
+    prob.block_idx = prob.block_idx.copy()
+    prob.block_idx[3, 0, 1] = prob.block_idx[3, 0, 0]  # a duplicate (a caller error the fast path may fold)
+    o_ref, _ = mt.ref_attention(prob)
+    o, _ = run_gpu(plan_for(prob, monkeypatch, mode if group >= 8 else "auto"), prob)
+    keep = np.ones(o.shape[0], bool)
+    keep[3] = False
+    mt.assert_close(o[keep], o_ref[keep])
+    assert not np.isnan(o).any()
+
+
+@pytest.mark.parametrize("tma_store", ["0", "1"])
+@pytest.mark.parametrize("group,num_kv_heads", [(8, 2), (16, 2), (32, 1)])
+def test_kvmajor_partial_stores(rng, monkeypatch, tma_store, group, num_kv_heads):
+    """KV-major partial outputs through TMA stores (boxes of 8 rows when G = 8, 16 rows above) and
+    through direct stores, over several windows."""
+    monkeypatch.setenv("MSA_SM90_KV_TMA_STORE", tma_store)
+    prob = problem(rng, [300, 70], [2200, 70], group=group, num_kv_heads=num_kv_heads, pattern="random")
+    check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_untrusted_device_values(rng, monkeypatch, mode):
     """Block ids out of range, duplicates, and page ids outside the pool are caller errors: no fault, no
@@ -212,13 +251,19 @@ def test_untrusted_device_values(rng, monkeypatch, mode):
 
 
 def _sanitizer_case():
-    """One small sparse case per path and a dense one: the launches compute-sanitizer watches."""
+    """One small sparse case per path and a dense one: the launches compute-sanitizer watches. Tiles are
+    longer than the stage rings (every ring slot and its stage / tile / Q-tile records are reused), one
+    tile selects nothing (the query-major path that releases its Q buffer without a product), and
+    KV-major items span several Q tiles."""
     import os
 
     rng = np.random.default_rng(0)
     for mode, pattern in (("qmajor", "clustered"), ("kvmajor", "random"), ("auto", None)):
         os.environ["MSA_SM90_PREFILL"] = mode
-        prob = problem(rng, [70, 9], [300, 9], pattern=pattern, num_kv_heads=1)
+        prob = problem(rng, [70, 9], [1000, 9], pattern=pattern, num_kv_heads=1)
+        if pattern:
+            prob.block_idx = prob.block_idx.copy()
+            prob.block_idx[8:16] = -1
         o, lse = run_gpu(plan_for(prob), prob)
         o_ref, lse_ref = mt.ref_attention(prob)
         mt.assert_close(o, o_ref)

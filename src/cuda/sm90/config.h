@@ -15,6 +15,9 @@ inline constexpr int kTileRows = 128;      // MMA rows per work tile (tokens x G
 inline constexpr int kConsumerWarpgroups = 2;
 inline constexpr int kWarpgroupRows = kTileRows / kConsumerWarpgroups;  // 64 = wgmma M
 inline constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);        // producer WG + consumers
+// Arrivals of every "empty" mbarrier: each consumer thread releases a buffer (and the record the
+// producer wrote beside it) after its own last read of it (docs/prefill.md, "Barrier protocol").
+inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 
 // K and V stages in flight. One stage holds a 128-key block of K and of V (32 KiB each, bf16);
 // with the 32 KiB Q tile, 3 stages take 224 KiB of the 227 KiB a CTA may have. At ~600 TFLOP/s
@@ -39,16 +42,14 @@ inline constexpr int kIssueBarrier = 2;
 
 // Sparse tiles: a token mask per block is one 32-bit word, so at most 32 tokens per tile (G >= 4).
 inline constexpr int kMaxSparseTileTokens = 32;
-// Largest top-k the union pre-pass takes (tokens x topk entries sorted in shared memory).
+// Largest top-k the union pre-pass takes (tokens x topk entries per tile).
 inline constexpr int kMaxTopk = 64;
 
 // KV-major path. A tile goes KV-major when query-major would run more than this many block-steps
-// per useful one (union of the tile's blocks / mean selections per token). Estimated costs of one
-// block-step of 8 tokens x 16 heads (to be checked against bench/prefill.py's msa-qmajor and
-// msa-kvmajor rows): query-major ~1.9 us of MMA; KV-major ~the same MMA plus
-// 96 KiB of partial-output and Q traffic (~3.7 us at the per-SM share of 3.5 TB/s), so the KV-major
-// path pays off past ~2x: `random` (~100-block unions for 16 selections) goes KV-major,
-// `clustered` (~26) and `shared` (16) stay query-major.
+// per useful one (union of the tile's blocks / mean selections per token). Measured on the H200
+// (M3-TP1 P-32K, docs/prefill.md): query-major runs ~500-530 TFLOP/s of block-steps, KV-major
+// ~190-200 TFLOP/s of useful work whatever the pattern, so KV-major wins past a ratio of ~2.6:
+// `random` (~4.6) goes KV-major (10.7 vs 18.5 ms), `clustered` (~1.6) stays query-major (6.7 vs 10.6 ms).
 inline constexpr int kKvMajorUnionRatio = 2;
 // KV-major takes G >= 8, so that one token's TMA box of G heads is a whole number of 8-row
 // 128B-swizzle atoms inside the Q tile.
@@ -58,6 +59,12 @@ inline constexpr int kKvItemTokens = 64;
 // Q tiles in flight in the KV-major kernel, and K/V blocks (one per work item) in flight.
 inline constexpr int kKvQStages = 2;
 inline constexpr int kKvBlockStages = 2;
+// KV-major partial outputs through shared memory and TMA stores (one box per warp, token and 64-dim
+// half) instead of 4-byte stores of the accumulator layout (8 L1 wavefronts each, 2048 per Q tile).
+// Off until verified on the GPU: the H200 run that measured it (KV-major kernel 6153 -> 5247 us at
+// M3-TP1 P-32K `random`) had a box-count bug, fixed since (docs/prefill.md). MSA_SM90_KV_TMA_STORE=1
+// turns it on; test_kvmajor_partial_stores checks both paths.
+inline constexpr bool kKvTmaStore = false;
 // Sub-windows of a KV-major window: its work items are ordered sub-window by sub-window, so that
 // the Q rows being gathered (512 tiles x 32 KiB = 16 MiB) stay in the 50 MB L2 while every block
 // they selected passes by; `random` would otherwise read each token's Q from HBM 16 times. Smaller

@@ -5,8 +5,8 @@
 // few blocks (`random`), where query-major would load ~100 blocks to use 16 per token.
 //
 // Warp-specialized like the query-major kernel: a producer warp fetches work items, loads K/V into a
-// kKvBlockStages ring and Q tiles into a kKvQStages ring; two consumer warpgroups take 64 rows each.
-// One block per Q tile, so the softmax is exact (no running max).
+// kKvBlockStages ring and Q tiles into a kKvQStages ring; two consumer warpgroups take 64 rows each
+// and pipeline the Q tiles (see kv_consumer). One block per Q tile, so the softmax is exact.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,6 +41,9 @@ struct alignas(1024) KvMajorSmem {
   uint8_t q[kKvQStages][kTileBytes];
   uint8_t k[kKvBlockStages][kTileBytes];
   uint8_t v[kKvBlockStages][kTileBytes];
+  // Partial outputs on their way out, per consumer warpgroup: two 64-dim halves of its 64 rows,
+  // 128 B a row, 128B-swizzled as part_map expects (16-byte chunk c of row r at chunk c ^ (r % 8)).
+  uint8_t part[kConsumerWarpgroups][kTileBytes / kConsumerWarpgroups];
   uint64_t q_full[kKvQStages], q_empty[kKvQStages];
   uint64_t kv_full[kKvBlockStages], kv_empty[kKvBlockStages];
   KvItemInfo item[kKvBlockStages];
@@ -66,14 +69,19 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
   const int2* pairs = L.pairs + static_cast<int64_t>(p.window) * L.window_tiles * L.list_capacity;
   uint32_t item_it = 0, q_it = 0;
   while (true) {
+    // Items without tokens are skipped here, so that every item the consumers see has a Q tile
+    // (kv_scan never makes one; the consumers' pipeline relies on it).
     int32_t idx = 0;
-    if (lane == 0) idx = atomicAdd(L.item_counter + p.window, 1);
-    idx = __shfl_sync(~0u, idx, 0);
+    KvWorkItem w{};
+    do {
+      if (lane == 0) idx = atomicAdd(L.item_counter + p.window, 1);
+      idx = __shfl_sync(~0u, idx, 0);
+      if (idx < n_items) w = items[idx];
+    } while (idx < n_items && w.count <= 0);
     KvItemInfo info{};
     info.item = -1;
     int32_t page = -1;
     if (idx < n_items) {
-      const KvWorkItem w = items[idx];
       const SeqView v = load_seq(p.seqs, w.request);
       page = physical_page(p.pages, w.request, w.block / p.page_blocks);
       info = KvItemInfo{idx, w.request, w.kv_head, w.block, w.start, w.count, page >= 0,
@@ -126,6 +134,20 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
   }
 }
 
+// What a consumer thread keeps of one job (one Q tile of a work item) until its partials are written:
+// the stages it uses, and for its two rows the partial row group (-1: none) and the key limit.
+struct KvJob {
+  uint32_t qs, kb;
+  bool last_of_item;  // the item's K/V stage is released after this job's PV product
+  int32_t entry[2], lim[2];
+};
+
+// Consumers. The jobs of a CTA form one stream (items in fetch order, each cut into Q tiles), and
+// each warpgroup software-pipelines it as the query-major kernel does its blocks: the QK^T of job j
+// is issued together with the PV of job j - 1, the softmax of job j runs while that PV is on the
+// tensor cores, and the two warpgroups take turns issuing (ping-pong), so that one's softmax and
+// partial-output stores overlap the other's products. Every job starts a fresh exact softmax (one
+// block per row) and writes its own partial (o, lse).
 template <bool kBf16>
 __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem& s, int wg) {
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
@@ -143,71 +165,160 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   }
   Elem* part_o = static_cast<Elem*>(p.lists.part_o);
   float* part_lse = p.lists.part_lse;
-  uint32_t item_it = 0, q_it = 0;
-  while (true) {
-    const uint32_t kb = item_it % kKvBlockStages, kph = (item_it / kKvBlockStages) & 1;
-    ++item_it;
-    barrier_wait(&s.kv_full[kb], kph);
-    const KvItemInfo info = s.item[kb];
-    if (info.item < 0) break;
-    const SeqView seq{info.qo_start, info.qo_len, info.kv_len, info.offset};
-    const int64_t key0 = static_cast<int64_t>(info.block) * kBlockKeys;
-    // V rows that must not enter PV (0 * NaN): past kv_len, or all of an invalid page's.
-    const int64_t first_bad = info.valid ? info.kv_len - key0 : 0;
-    if (first_bad < kBlockKeys) zero_v_rows(s.v[kb], static_cast<int32_t>(first_bad));
-    const uint32_t k_addr = smem_u32(s.k[kb]), v_addr = smem_u32(s.v[kb]);
-    const int32_t ntiles = (info.count + tile_tokens - 1) / tile_tokens;
-    if (ntiles <= 0 && tid == 0) barrier_arrive(&s.kv_empty[kb]);
+  const uint32_t q_off = wg * kWarpgroupRows * 128;
 
-    for (int32_t q = 0; q < ntiles; ++q, ++q_it) {
-      const uint32_t qs = q_it % kKvQStages, qph = (q_it / kKvQStages) & 1;
-      barrier_wait(&s.q_full[qs], qph);
-      const int32_t n = s.qinfo[qs].count;
-      int32_t token[2], entry[2], lim[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const bool live = slot[h] < n;
-        token[h] = live ? s.qinfo[qs].token[slot[h]] : 0;
-        entry[h] = live ? s.qinfo[qs].entry[slot[h]] : -1;
-        const int32_t kv_end = live ? visible_key_end(seq, token[h] - seq.qo_start, p.causal) : 0;
-        lim[h] = info.valid ? static_cast<int32_t>(clamp64(kv_end - key0, 0, kBlockKeys)) : 0;
-      }
-      float sc[64];
-      uint32_t pf[32];
-      wgmma_fence();
-      issue_qk<kBf16>(sc, smem_u32(s.q[qs]) + wg * kWarpgroupRows * 128, k_addr);
-      wgmma_wait<0>();
-      fence_regs(sc);
-      if (tid == 0) barrier_arrive(&s.q_empty[qs]);
-      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
-      mask_scores(sc, lim, t);
-      softmax_block(sc, m, l, alpha, p.scale_log2);
-      scores_to_operand<kBf16>(sc, pf);
-      float o[64];
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = 0.f;
-      wgmma_fence();
-      issue_pv<kBf16>(o, pf, v_addr);
-      wgmma_wait<0>();
-      fence_regs(o);
-      fence_regs(pf);
-      if (q == ntiles - 1 && tid == 0) barrier_arrive(&s.kv_empty[kb]);
+  const uint32_t my_turn = kIssueBarrier + wg, other_turn = kIssueBarrier + (wg ^ 1);
+  if (wg == 1) named_barrier_arrive(kIssueBarrier, 2 * 128);
+  auto issue_begin = [&] { named_barrier_sync(my_turn, 2 * 128); };
+  auto issue_end = [&] { named_barrier_arrive(other_turn, 2 * 128); };
 
+  // The job stream. A new item: wait for its K/V, zero the V rows that must not enter PV (past
+  // kv_len, or all of an invalid page's: 0 * NaN), then its Q tiles one by one.
+  uint32_t item_it = 0, q_it = 0, kb = 0;
+  int32_t jobs_left = 0, item_valid = 0;
+  int64_t key0 = 0;
+  SeqView seq{};
+  auto next_job = [&](KvJob& jb) -> bool {
+    while (jobs_left == 0) {
+      kb = item_it % kKvBlockStages;
+      const uint32_t kph = (item_it / kKvBlockStages) & 1;
+      ++item_it;
+      barrier_wait(&s.kv_full[kb], kph);
+      const KvItemInfo info = s.item[kb];
+      if (info.item < 0) return false;
+      seq = SeqView{info.qo_start, info.qo_len, info.kv_len, info.offset};
+      key0 = static_cast<int64_t>(info.block) * kBlockKeys;
+      item_valid = info.valid;
+      const int64_t first_bad = info.valid ? info.kv_len - key0 : 0;
+      if (first_bad < kBlockKeys) zero_v_rows(s.v[kb], static_cast<int32_t>(first_bad));
+      jobs_left = (info.count + tile_tokens - 1) / tile_tokens;  // >= 1: kv_producer skips empty items
+    }
+    const uint32_t qs = q_it % kKvQStages, qph = (q_it / kKvQStages) & 1;
+    ++q_it;
+    barrier_wait(&s.q_full[qs], qph);
+    const int32_t n = s.qinfo[qs].count;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l[h] += __shfl_xor_sync(~0u, l[h], 1);
-        l[h] += __shfl_xor_sync(~0u, l[h], 2);
-        if (entry[h] < 0) continue;
-        const int64_t row = static_cast<int64_t>(entry[h]) * group + head_in_group[h];
-        const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    for (int h = 0; h < 2; ++h) {
+      const bool live = slot[h] < n;
+      const int32_t token = live ? s.qinfo[qs].token[slot[h]] : 0;
+      jb.entry[h] = live ? s.qinfo[qs].entry[slot[h]] : -1;
+      const int32_t kv_end = live ? visible_key_end(seq, token - seq.qo_start, p.causal) : 0;
+      jb.lim[h] = item_valid ? static_cast<int32_t>(clamp64(kv_end - key0, 0, kBlockKeys)) : 0;
+    }
+    jb.qs = qs;
+    jb.kb = kb;
+    jb.last_of_item = --jobs_left == 0;
+    return true;
+  };
+
+  // o / l of a finished job -> its partial rows (o normalized, lse in the log2 domain). With
+  // tma_store, the warp's 16 rows go to its slice of s.part (lane 0 first waits until its previous
+  // stores have read it) and lane 0 stores them with one TMA box per token and 64-dim half: rows
+  // of one token are contiguous in part_o (row = entry * G + head), 16 rows of one token a warp
+  // when G >= 16, two tokens of 8 when G = 8.
+  const int warp = tid >> 5, g = lane >> 2;
+  uint8_t* part_stage = s.part[wg] + warp * 16 * 128;  // + 8 KiB for dims 64..127
+  auto store_partials = [&](const float (&o)[64], const float (&m)[2], float (&l)[2], const KvJob& jb) {
+    if (p.tma_store) {
+      if (lane == 0) bulk_wait_read();
+      __syncwarp();
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(~0u, l[h], 1);
+      l[h] += __shfl_xor_sync(~0u, l[h], 2);
+      const int64_t row = static_cast<int64_t>(jb.entry[h]) * group + head_in_group[h];
+      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      if (p.tma_store) {
+        uint8_t* dst = part_stage + (g + 8 * h) * 128 + 4 * t;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          *reinterpret_cast<uint32_t*>(dst + (j / 8) * (kHalfTileBytes / kConsumerWarpgroups) + (((j % 8) ^ g) << 4)) =
+              pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      } else if (jb.entry[h] >= 0) {
         Elem* dst = part_o + row * kHeadDim + 2 * t;
 #pragma unroll
         for (int j = 0; j < 16; ++j)
           *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-        if (t == 0) part_lse[row] = l[h] > 0.f ? m[h] + __log2f(l[h]) : -INFINITY;
+      }
+      if (t == 0 && jb.entry[h] >= 0) part_lse[row] = l[h] > 0.f ? m[h] + __log2f(l[h]) : -INFINITY;
+    }
+    if (p.tma_store) {
+      fence_generic_to_async();
+      __syncwarp();
+      if (lane == 0) {  // rows 16 warp (+8): lane 0 holds both rows' entries
+        const int32_t box_rows = min(group, 16);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if ((h == 1 && box_rows > 8) || jb.entry[h] < 0) continue;  // G >= 16: one box of 16 rows
+          const int32_t row = jb.entry[h] * group + head_in_group[h];
+          const uint8_t* src = part_stage + h * 8 * 128;
+          tma_store_2d(&p.part_map, 0, row, src);
+          tma_store_2d(&p.part_map, kHalfDim, row, src + kHalfTileBytes / kConsumerWarpgroups);
+        }
+        bulk_commit();
       }
     }
+  };
+
+  KvJob cur, prev;
+  if (!next_job(cur)) return;
+  float sc[64], o[64];
+  uint32_t pf[32];
+  float m[2], l[2], alpha[2], prev_m[2], prev_l[2];
+
+  issue_begin();
+  wgmma_fence();
+  issue_qk<kBf16>(sc, smem_u32(s.q[cur.qs]) + q_off, smem_u32(s.k[cur.kb]));
+  issue_end();
+  wgmma_wait<0>();
+  fence_regs(sc);
+  barrier_arrive(&s.q_empty[cur.qs]);  // every consumer thread: the Q tile and its own qinfo reads
+  m[0] = m[1] = -INFINITY;
+  l[0] = l[1] = 0.f;
+  mask_scores(sc, cur.lim, t);
+  softmax_block(sc, m, l, alpha, p.scale_log2);
+  scores_to_operand<kBf16>(sc, pf);
+  prev = cur;
+  prev_m[0] = m[0], prev_m[1] = m[1], prev_l[0] = l[0], prev_l[1] = l[1];
+
+  while (next_job(cur)) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    issue_begin();
+    wgmma_fence();
+    issue_qk<kBf16>(sc, smem_u32(s.q[cur.qs]) + q_off, smem_u32(s.k[cur.kb]));
+    issue_pv<kBf16>(o, pf, smem_u32(s.v[prev.kb]));
+    issue_end();
+    fence_regs(pf);
+    wgmma_wait<1>();
+    fence_regs(sc);
+    barrier_arrive(&s.q_empty[cur.qs]);
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+    mask_scores(sc, cur.lim, t);
+    softmax_block(sc, m, l, alpha, p.scale_log2);
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pf);
+    if (prev.last_of_item) barrier_arrive(&s.kv_empty[prev.kb]);  // every consumer thread, after its last PV
+    store_partials(o, prev_m, prev_l, prev);
+    scores_to_operand<kBf16>(sc, pf);
+    prev = cur;
+    prev_m[0] = m[0], prev_m[1] = m[1], prev_l[0] = l[0], prev_l[1] = l[1];
   }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  issue_begin();
+  wgmma_fence();
+  issue_pv<kBf16>(o, pf, smem_u32(s.v[prev.kb]));
+  issue_end();
+  wgmma_wait<0>();
+  fence_regs(o);
+  fence_regs(pf);
+  if (prev.last_of_item) barrier_arrive(&s.kv_empty[prev.kb]);
+  store_partials(o, prev_m, prev_l, prev);
+  if (p.tma_store && lane == 0) bulk_wait_all();  // the stores read s.part until they complete
 }
 
 #endif  // MSA_SM90A_DEVICE
@@ -221,11 +332,11 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __gr
   if (threadIdx.x == 0) {
     for (int i = 0; i < kKvQStages; ++i) {
       barrier_init(&s.q_full[i], 1);
-      barrier_init(&s.q_empty[i], kConsumerWarpgroups);
+      barrier_init(&s.q_empty[i], kConsumerThreads);
     }
     for (int i = 0; i < kKvBlockStages; ++i) {
       barrier_init(&s.kv_full[i], 1);
-      barrier_init(&s.kv_empty[i], kConsumerWarpgroups);
+      barrier_init(&s.kv_empty[i], kConsumerThreads);
     }
     barrier_init_fence();
   }

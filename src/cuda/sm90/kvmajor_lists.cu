@@ -9,6 +9,7 @@
 #include "cuda/common/check.cuh"
 #include "cuda/sm90/config.h"
 #include "cuda/sm90/kvmajor_lists.h"
+#include "cuda/sm90/sync.cuh"
 #include "cuda/sm90/tile_common.cuh"
 
 namespace msa::detail::cuda::sm90 {
@@ -18,14 +19,15 @@ namespace {
 constexpr int kEntryThreads = 128;
 constexpr int kScanThreads = 256;
 constexpr int kMergeThreads = 256;
+// CTAs of the list passes (rank, fill), which stride over the tiles: ~2 waves of 132 SMs, so that
+// runs where few or no tiles go KV-major cost a few microseconds instead of one CTA a tile.
+constexpr int kStrideGrid = 2048;
 
 __device__ __forceinline__ bool kv_major_tile(const KvListParams& p, int32_t tile) {
   return tile < live_tiles(p.sched, p.seqs.batch_size) && p.kv_major[tile] != 0;
 }
 
-__global__ void __launch_bounds__(kEntryThreads) kv_rank_kernel(KvListParams p) {
-  const int32_t tile = blockIdx.x;
-  if (!kv_major_tile(p, tile)) return;
+__device__ __forceinline__ void rank_tile(const KvListParams& p, int32_t tile) {
   const KvLists& L = p.lists;
   const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
   const SeqView v = load_seq(p.seqs, c.request);
@@ -47,6 +49,12 @@ __global__ void __launch_bounds__(kEntryThreads) kv_rank_kernel(KvListParams p) 
   }
 }
 
+__global__ void __launch_bounds__(kEntryThreads) kv_rank_kernel(KvListParams p) {
+  for (int32_t tile = blockIdx.x; tile < p.sched.num_tiles; tile += gridDim.x) {
+    if (kv_major_tile(p, tile)) rank_tile(p, tile);
+  }
+}
+
 __global__ void __launch_bounds__(kScanThreads) kv_scan_kernel(KvListParams p) {
   using Scan = cub::BlockScan<int2, kScanThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
@@ -58,6 +66,10 @@ __global__ void __launch_bounds__(kScanThreads) kv_scan_kernel(KvListParams p) {
   int32_t* count = L.key_count + static_cast<int64_t>(window) * L.key_span;
   int32_t* offset = L.key_offset + static_cast<int64_t>(window) * L.key_span;
   KvWorkItem* items = L.items + static_cast<int64_t>(window) * L.item_capacity;
+  if (L.window_kv_tiles[window] == 0) {  // no KV-major tile here: no key was counted
+    if (threadIdx.x == 0) L.item_count[window] = 0;
+    return;
+  }
   if (threadIdx.x == 0) carry = make_int2(0, 0);
   __syncthreads();
   const auto add = [](int2 a, int2 b) { return make_int2(a.x + b.x, a.y + b.y); };
@@ -97,9 +109,7 @@ __global__ void __launch_bounds__(kScanThreads) kv_scan_kernel(KvListParams p) {
   if (threadIdx.x == 0) L.item_count[window] = min(carry.y, L.item_capacity);
 }
 
-__global__ void __launch_bounds__(kEntryThreads) kv_fill_kernel(KvListParams p) {
-  const int32_t tile = blockIdx.x;
-  if (!kv_major_tile(p, tile)) return;
+__device__ __forceinline__ void fill_tile(const KvListParams& p, int32_t tile) {
   const KvLists& L = p.lists;
   const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
   const SeqView v = load_seq(p.seqs, c.request);
@@ -116,9 +126,15 @@ __global__ void __launch_bounds__(kEntryThreads) kv_fill_kernel(KvListParams p) 
   }
 }
 
+__global__ void __launch_bounds__(kEntryThreads) kv_fill_kernel(KvListParams p) {
+  for (int32_t tile = blockIdx.x; tile < p.sched.num_tiles; tile += gridDim.x) {
+    if (kv_major_tile(p, tile)) fill_tile(p, tile);
+  }
+}
+
+// 4 consecutive elements (8 bytes) <-> float4.
 template <typename Elem>
-__device__ __forceinline__ float4 load4(const Elem* p) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+__device__ __forceinline__ float4 unpack4(uint2 raw) {
   if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
@@ -143,43 +159,61 @@ __device__ __forceinline__ void store4(Elem* p, float4 v) {
   *reinterpret_cast<uint2*>(p) = raw;
 }
 
-// One CTA per tile of the window, one warp per (token, head) row; lane l merges dims 4l..4l+3.
+// Slots of a row whose partials are loaded before any is used: the merge reads ~8.6 GB at M3-TP1
+// P-32K `random`, and one 256-byte row read at a time per warp (a dependent chain of 16 loads per
+// row) left it latency-bound; 16 loads in flight per warp make it bandwidth-bound.
+constexpr int kMergeSlots = 16;
+static_assert(kMaxTopk <= 64 && kMaxTopk % kMergeSlots == 0, "a merge warp holds 64 slots' lse in two registers");
+
 template <typename Elem>
-__global__ void __launch_bounds__(kMergeThreads) kv_merge_kernel(KvMergeParams p) {
+__device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local_tile) {
   const KvLists& L = p.lists;
-  const int32_t tile = p.window * L.window_tiles + blockIdx.x;
+  const int32_t tile = p.window * L.window_tiles + local_tile;
   if (tile >= live_tiles(p.sched, p.seqs.batch_size) || p.kv_major[tile] == 0) return;
   const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
   const SeqView v = load_seq(p.seqs, c.request);
   const int32_t group = 1 << p.group_shift;
   const int lane = threadIdx.x & 31;
-  const Elem* part_o = static_cast<const Elem*>(L.part_o);
+  const int64_t slot_stride = static_cast<int64_t>(group) * kHeadDim;  // elements between a row's slots
   for (int r = threadIdx.x >> 5; r < kTileRows; r += kMergeThreads / 32) {
     const int32_t i = r >> p.group_shift, head = r & (group - 1);
     const int32_t qi = c.chunk * p.sched.tile_tokens + i;
     if (qi >= v.qo_len) continue;
     const int64_t entry0 = static_cast<int64_t>(tile) * L.list_capacity + i * L.topk;  // slot 0, global
-    const int64_t local0 = static_cast<int64_t>(blockIdx.x) * L.list_capacity + i * L.topk;
-    float lse_lo = -INFINITY, lse_hi = -INFINITY;  // slots lane and lane + 32
-    if (lane < L.topk && L.entry_rank[entry0 + lane] >= 0) lse_lo = L.part_lse[(local0 + lane) * group + head];
+    const int64_t local0 = static_cast<int64_t>(local_tile) * L.list_capacity + i * L.topk;
+    // Lane l weighs slots l and l + 32 (exp2 of lse - max); the loads below take the weights by shuffle.
+    float w_lo = -INFINITY, w_hi = -INFINITY;
+    if (lane < L.topk && L.entry_rank[entry0 + lane] >= 0) w_lo = L.part_lse[(local0 + lane) * group + head];
     if (lane + 32 < L.topk && L.entry_rank[entry0 + lane + 32] >= 0)
-      lse_hi = L.part_lse[(local0 + lane + 32) * group + head];
-    float mx = fmaxf(lse_lo, lse_hi);
+      w_hi = L.part_lse[(local0 + lane + 32) * group + head];
+    float mx = fmaxf(w_lo, w_hi);
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, d));
+    const float base = mx == -INFINITY ? 0.f : mx;
+    w_lo = fast_exp2(w_lo - base);  // -inf -> 0
+    w_hi = fast_exp2(w_hi - base);
+    const Elem* src = static_cast<const Elem*>(L.part_o) + (local0 * group + head) * kHeadDim + 4 * lane;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     float wsum = 0.f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < L.topk; ++s) {
-        const float ls = __shfl_sync(~0u, s < 32 ? lse_lo : lse_hi, s & 31);
-        if (ls == -INFINITY) continue;
-        const float w = exp2f(ls - mx);
-        const float4 x = load4(part_o + ((local0 + s) * group + head) * kHeadDim + 4 * lane);
-        wsum += w;
-        acc.x += w * x.x;
-        acc.y += w * x.y;
-        acc.z += w * x.z;
-        acc.w += w * x.w;
+    for (int s0 = 0; s0 < L.topk; s0 += kMergeSlots) {
+      uint2 raw[kMergeSlots];
+      float w[kMergeSlots];
+#pragma unroll
+      for (int j = 0; j < kMergeSlots; ++j) {
+        const int s = s0 + j;  // <= 63 (s0 <= kMaxTopk - 16): w_hi covers slots 32..63
+        w[j] = __shfl_sync(~0u, s < 32 ? w_lo : w_hi, s & 31);
+        raw[j] = make_uint2(0u, 0u);
+        if (s < L.topk && w[j] > 0.f) raw[j] = *reinterpret_cast<const uint2*>(src + s * slot_stride);
+      }
+#pragma unroll
+      for (int j = 0; j < kMergeSlots; ++j) {  // slot order: the result does not depend on timing
+        if (s0 + j >= L.topk) w[j] = 0.f;
+        const float4 x = unpack4<Elem>(raw[j]);
+        wsum += w[j];
+        acc.x = fmaf(w[j], x.x, acc.x);
+        acc.y = fmaf(w[j], x.y, acc.y);
+        acc.z = fmaf(w[j], x.z, acc.z);
+        acc.w = fmaf(w[j], x.w, acc.w);
       }
     }
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
@@ -189,14 +223,23 @@ __global__ void __launch_bounds__(kMergeThreads) kv_merge_kernel(KvMergeParams p
            make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
     if (p.lse != nullptr && lane == 0)
       p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
-          wsum > 0.f ? (mx + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
+          wsum > 0.f ? (base + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
   }
+}
+
+// One CTA per tile of the window, one warp per (token, head) row; lane l merges dims 4l..4l+3. A
+// window without KV-major tiles returns at once. (A grid of 2048 CTAs striding over the tiles ran
+// 3.19 ms at M3-TP1 P-32K `random` where one CTA a tile had run 2.90 ms, in separate runs.)
+template <typename Elem>
+__global__ void __launch_bounds__(kMergeThreads) kv_merge_kernel(KvMergeParams p) {
+  if (p.lists.window_kv_tiles[p.window] == 0) return;
+  merge_tile<Elem>(p, blockIdx.x);
 }
 
 }  // namespace
 
 void launch_kv_rank(const KvListParams& p, cudaStream_t stream) {
-  kv_rank_kernel<<<p.sched.num_tiles, kEntryThreads, 0, stream>>>(p);
+  kv_rank_kernel<<<std::min(p.sched.num_tiles, kStrideGrid), kEntryThreads, 0, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
@@ -206,7 +249,7 @@ void launch_kv_scan(const KvListParams& p, cudaStream_t stream) {
 }
 
 void launch_kv_fill(const KvListParams& p, cudaStream_t stream) {
-  kv_fill_kernel<<<p.sched.num_tiles, kEntryThreads, 0, stream>>>(p);
+  kv_fill_kernel<<<std::min(p.sched.num_tiles, kStrideGrid), kEntryThreads, 0, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -83,6 +83,7 @@ struct KvLists {
   KvWorkItem* items = nullptr;      // [num_windows * item_capacity]
   int32_t* item_count = nullptr;    // [num_windows]
   int32_t* item_counter = nullptr;  // [num_windows], zeroed by the schedule kernel
+  int32_t* window_kv_tiles = nullptr;  // [num_windows]: KV-major tiles of each window (tile lists), zeroed likewise
   int32_t item_capacity = 0;        // per window
   void* part_o = nullptr;           // one window: [window_tiles * list_capacity * G, D], q's dtype
   float* part_lse = nullptr;        // [window_tiles * list_capacity * G], log2 domain
@@ -92,6 +93,8 @@ struct KvMajorParams {
   CUtensorMap q_map;  // box {64, G, 1}: one token's group of heads
   CUtensorMap k_map;
   CUtensorMap v_map;
+  CUtensorMap part_map;  // part_o as [rows, D]: box {64, min(G, 16)} (one warp's rows of one token)
+  int32_t tma_store = 0;  // partials through shared memory and TMA stores (kKvTmaStore); 0: direct stores
   SeqParams seqs;
   PageTableParams pages;
   KvLists lists;

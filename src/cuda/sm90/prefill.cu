@@ -6,6 +6,7 @@
 //   [sparse] tile lists              per-tile sorted union of blocks + token masks, path per tile
 //   query-major kernel               dense tiles, or sparse tiles whose union is narrow
 //   [KV-major] memset, rank, scan, fill, then per window: KV-major kernel, LSE merge
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -45,6 +46,15 @@ KvMajorRule sparse_rule(bool sparse, int group) {
   if (std::strcmp(e, "kvmajor") == 0) return KvMajorRule::kAlways;
   MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_PREFILL: expected auto, qmajor or kvmajor, got '",
            e, "'");
+}
+
+// MSA_SM90_KV_TMA_STORE=0|1 overrides kKvTmaStore (benchmarks, experiments).
+bool kv_tma_store() {
+  const char* e = std::getenv("MSA_SM90_KV_TMA_STORE");
+  if (e == nullptr || *e == 0) return kKvTmaStore;
+  if (std::strcmp(e, "0") == 0) return false;
+  if (std::strcmp(e, "1") == 0) return true;
+  MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_TMA_STORE: expected 0 or 1, got '", e, "'");
 }
 
 template <typename T>
@@ -140,6 +150,7 @@ KvLists kv_lists_of(const PrefillState& s) {
   L.items = ptr<KvWorkItem>(s.items);
   L.item_count = ptr<int32_t>(s.item_count);
   L.item_counter = ptr<int32_t>(s.counters) + 1;
+  L.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
   L.item_capacity = s.item_capacity;
   L.part_o = s.part_o.get();
   L.part_lse = ptr<float>(s.part_lse);
@@ -168,6 +179,14 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, bool bf16, cu
   encode_q_map(&kp.q_map, p, group, 1);
   encode_cache_map(&kp.k_map, p, p.k, "k_cache");
   encode_cache_map(&kp.v_map, p, p.v, "v_cache");
+  if (s.kv_tma_store) {  // part_o of one window as [rows, D]; a box = one warp's rows of one token
+    const uint64_t rows = static_cast<uint64_t>(s.window_tiles) * s.list_capacity * group;
+    const uint64_t dims[2] = {kHeadDim, rows};
+    const uint64_t strides[1] = {kHeadDim * 2};
+    const uint32_t box[2] = {kHalfDim, static_cast<uint32_t>(std::min(group, 16))};
+    encode_tensor_map(&kp.part_map, p.dtype, 2, s.part_o.get(), dims, strides, box, "partial-output");
+  }
+  kp.tma_store = s.kv_tma_store ? 1 : 0;
   kp.seqs = p.seqs;
   kp.pages = p.pages;
   kp.lists = lists;
@@ -223,6 +242,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   s->page_blocks = c.page_size / kBlockKeys;
   s->topk = c.topk;
   s->causal = c.causal;
+  s->kv_tma_store = kv_tma_store();
 
   // The plan's host lengths fix the workspace extents (the device lengths of a run must agree;
   // tiles past these extents are not run, nothing is read or written out of bounds).
@@ -248,7 +268,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
     if (s->rule != KvMajorRule::kNever && s->num_tiles > 0) plan_kv_major(*s, blocks);
   }
   if (s->rule == KvMajorRule::kNever) s->num_windows = 0;
-  s->counters = DeviceBuffer(static_cast<size_t>(1 + s->num_windows) * sizeof(int32_t));
+  s->counters = DeviceBuffer(static_cast<size_t>(1 + 2 * s->num_windows) * sizeof(int32_t));
   return s;
 }
 
@@ -276,7 +296,7 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   const int32_t group = 1 << s.group_shift;
 
   launch_tile_schedule(p.seqs, s.tile_tokens, s.num_kv_heads, ptr<int32_t>(s.tile_cum), ptr<int32_t>(s.blk_cum),
-                       ptr<int32_t>(s.counters), 1 + s.num_windows, stream);
+                       ptr<int32_t>(s.counters), 1 + 2 * s.num_windows, stream);
 
   QMajorParams qp{};
   encode_q_map(&qp.q_map, p, group, s.tile_tokens);
@@ -312,6 +332,10 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
     lp.count = ptr<int32_t>(s.list_count);
     lp.kv_major = ptr<int32_t>(s.kv_major);
     lp.capacity = s.list_capacity;
+    if (s.num_windows > 0) {
+      lp.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
+      lp.window_tiles = s.window_tiles;
+    }
     launch_tile_lists(lp, stream);
     qp.lists.entries = lp.entries;
     qp.lists.count = lp.count;

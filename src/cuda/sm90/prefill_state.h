@@ -21,10 +21,12 @@ struct PrefillState {
   bool causal = true;
   int32_t num_tiles = 0;     // canonical tiles of the plan's lengths
   KvMajorRule rule = KvMajorRule::kNever;
+  bool kv_tma_store = false;  // KV-major partials through TMA stores (config.h kKvTmaStore)
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]
-  DeviceBuffer counters;  // [1 + kv windows]: query-major tile counter, then one item counter per window
+  DeviceBuffer counters;  // [1 + 2 * kv windows]: query-major tile counter, an item counter per window, and
+                          // the KV-major tile count per window
 
   // Sparse: per-tile block unions (tile_lists) and the path of each tile.
   DeviceBuffer list_entries, list_count, kv_major;

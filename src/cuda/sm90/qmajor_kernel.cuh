@@ -10,7 +10,7 @@
 // while the tensor cores work on the other (FlashAttention-3's intra-warpgroup overlap).
 //
 // The block list of a tile: dense = 0 .. last block of the causal frontier; sparse = the sorted
-// union of the tile tokens' valid selections with a token bitmask per block (tile_lists.cu).
+// union of the tile tokens' valid selections with a token bitmask per block (schedule.cu).
 // Masking is one key limit per row and block: keys [block*128, block*128 + limit) are visible.
 #pragma once
 
@@ -212,8 +212,10 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
     int32_t lim[2];
 
+    // Every consumer thread arrives on every empty barrier after its own last read of that buffer
+    // and of the record beside it (s.tile, s.stage): see "Barrier protocol" in docs/prefill.md.
     if (ti.nblocks == 0) {
-      if (tid == 0) barrier_arrive(&s.q_empty);
+      barrier_arrive(&s.q_empty);
     } else {
       float sc[64];
       uint32_t pf[32];
@@ -226,10 +228,8 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       issue_end();
       wgmma_wait<0>();
       fence_regs(sc);
-      if (tid == 0) {
-        if (ti.nblocks == 1) barrier_arrive(&s.q_empty);
-        barrier_arrive(&s.k_empty[st]);
-      }
+      if (ti.nblocks == 1) barrier_arrive(&s.q_empty);
+      barrier_arrive(&s.k_empty[st]);
       limits(cur, lim);
       mask_scores(sc, lim, t);
       softmax_block(sc, m, l, alpha, p.scale_log2);
@@ -254,17 +254,15 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
         fence_regs(pf);
         wgmma_wait<1>();
         fence_regs(sc);
-        if (tid == 0) {
-          if (i == ti.nblocks - 1) barrier_arrive(&s.q_empty);
-          barrier_arrive(&s.k_empty[st]);
-        }
+        if (i == ti.nblocks - 1) barrier_arrive(&s.q_empty);
+        barrier_arrive(&s.k_empty[st]);
         limits(cur, lim);
         mask_scores(sc, lim, t);
         softmax_block(sc, m, l, alpha, p.scale_log2);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pf);
-        if (tid == 0) barrier_arrive(&s.v_empty[pst]);
+        barrier_arrive(&s.v_empty[pst]);
         rescale(o, alpha);
         scores_to_operand<kBf16>(sc, pf);
         pst = st;
@@ -280,7 +278,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pf);
-      if (tid == 0) barrier_arrive(&s.v_empty[pst]);
+      barrier_arrive(&s.v_empty[pst]);
     }
     it += ti.nblocks;
 
@@ -314,12 +312,12 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
   QMajorSmem& s = *reinterpret_cast<QMajorSmem*>(smem_raw + pad);
   if (threadIdx.x == 0) {
     barrier_init(&s.q_full, 1);
-    barrier_init(&s.q_empty, kConsumerWarpgroups);
+    barrier_init(&s.q_empty, kConsumerThreads);
     for (int i = 0; i < kStages; ++i) {
       barrier_init(&s.k_full[i], 1);
-      barrier_init(&s.k_empty[i], kConsumerWarpgroups);
+      barrier_init(&s.k_empty[i], kConsumerThreads);
       barrier_init(&s.v_full[i], 1);
-      barrier_init(&s.v_empty[i], kConsumerWarpgroups);
+      barrier_init(&s.v_empty[i], kConsumerThreads);
     }
     barrier_init_fence();
   }

@@ -35,11 +35,14 @@ struct TileListParams {
   int32_t* count = nullptr;   // [sched.num_tiles]
   int32_t* kv_major = nullptr;  // [sched.num_tiles]
   int32_t capacity = 0;       // tile_tokens * topk
+  int32_t* window_kv_tiles = nullptr;  // [windows]: KV-major tiles counted per window (zeroed); null: none
+  int32_t window_tiles = 1;            // tiles per KV-major window
 };
 
 // For every tile: the sorted union of its tokens' valid selections (contributing_block) with the
-// bitmask of tokens that chose each block (duplicates inside a row fold into one entry), and the
-// tile's path.
+// bitmask of tokens that chose each block (duplicates inside a row fold into one entry), the tile's
+// path, and the count of KV-major tiles per window. A warp per tile (a sort in registers) up to
+// kListWarpMaxEntries entries per tile, a CTA per tile above.
 void launch_tile_lists(const TileListParams& p, cudaStream_t stream);
 
 }  // namespace msa::detail::cuda::sm90

@@ -42,6 +42,17 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
   ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, map, coords, bar);
 }
 
+// TMA tile store from this CTA's shared memory into a 2-D map, in the issuing thread's bulk group.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, int32_t c0, int32_t c1, const void* src) {
+  const int32_t coords[2] = {c0, c1};
+  ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, map, coords, src);
+}
+__device__ __forceinline__ void bulk_commit() { ptx::cp_async_bulk_commit_group(); }
+// This thread's committed bulk stores have read their shared-memory source (it may be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{}); }
+// This thread's committed bulk stores are complete.
+__device__ __forceinline__ void bulk_wait_all() { ptx::cp_async_bulk_wait_group(ptx::n32_t<0>{}); }
+
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
