@@ -2,7 +2,7 @@
 shared index-K head, block = page = 128, top-k 16, own block forced), with the copy and matmul ceilings
 measured in the same run.
 
-    PYTHONPATH=build/python python3 bench/indexer.py [--quick]
+    PYTHONPATH=build/python python3 bench/indexer.py [--quick] [--variants] [--once]
 
 Rows (workload ids of shared/spec/benchmarks.md):
   I-scores-P-32K, I-topk-P-32K     prefill, 32768 tokens, no prefix (scores: effective TFLOP/s, 2*D*H per
@@ -10,8 +10,20 @@ Rows (workload ids of shared/spec/benchmarks.md):
   P-chunk scores / top-k           4096-token chunk on a 28672-token prefix
   I-step-D-B1 / I-step-D-B64       decode step (scores + top-k) at 65536 tokens, CUDA-graph replay;
   I-step-D-B64-fp8                 gbps = index-K bytes read (+ fp8 scales) / time
+  I-scores-D-B64[-fp8]             the scores kernel alone, graph replay
   I-topk-D-B64                     top-k alone, graph replay
-The fp8 rows also record how often the fp8 top-k equals the bf16 one (agree_rows) on unit-variance keys.
+  graph-floor                      a one-element torch kernel replayed the same way (rotate 1 and 8): the
+                                   part of a graph-replay figure that is launch and timing overhead
+Decode rows replay graphs of 8 calls on 8 copies of the inputs and report the time per call: a graph of
+one call costs ~13.5 us to launch and time whatever it holds (graph-floor rotate=1), ~1.8 us per call in a
+graph of 8 (in serving, a whole decode step is one graph, so the per-call figure is the representative
+one); the copies also keep the 50 MB L2 from serving B=1 from cache.
+The fp8 rows also record how often the fp8 top-k equals the bf16 one on unit-variance keys: agree_rows
+(whole rows identical) and agree_entries (fraction of the 16 blocks shared); see docs/indexer.md.
+
+--variants adds rows for the fallback kernels behind environment switches (impl column): the cp.async
+prefill producer (MSA_INDEXER_PRODUCER=cpasync) and the streaming decode kernel (MSA_INDEXER_DECODE=stream).
+--once launches each workload once without timing (for ncu).
 """
 from __future__ import annotations
 
@@ -96,7 +108,31 @@ def topk_call(scores, qo_indptr, kv_lens, idx, layout):
                                    out=idx)
 
 
-def prefill_rows(ceil, name, qo_len, kv_len, iters, with_sm80):
+# The fallback kernels behind environment switches (docs/indexer.md): the cp.async producer of the
+# sm_90a prefill kernel, and the streaming decode kernel (the path of every GPU other than sm_90).
+PREFILL_VARIANTS = [("msa[cpasync]", {"MSA_INDEXER_PRODUCER": "cpasync"})]
+DECODE_VARIANTS = [("msa[stream]", {"MSA_INDEXER_DECODE": "stream"})]
+
+
+class env_vars:
+    """Sets environment variables for the duration of a with-block (the library reads them per call)."""
+
+    def __init__(self, values):
+        self.values = values or {}
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def prefill_rows(ceil, name, qo_len, kv_len, iters, with_sm80, variants=False):
     rows = []
     k, table = paged_cache(kv_len, 1)
     q = torch.randn((qo_len, H, D), device=dev, dtype=torch.bfloat16)
@@ -108,12 +144,13 @@ def prefill_rows(ceil, name, qo_len, kv_len, iters, with_sm80):
     tokens = sorted({0, qo_len - 1, qo_len // 2, *torch.randint(0, qo_len, (13,)).tolist()})
     for layout in ("HKT", "THK"):
         out = torch.empty((H, nb, qo_len) if layout == "HKT" else (qo_len, H, nb), device=dev)
-        impls = [("msa", None)] + ([("msa-sm80", "portable")] if with_sm80 and layout == "HKT" else [])
+        impls = [("msa", None)] + ([("msa-sm80", {"MSA_INDEXER_PREFILL": "portable"})]
+                                   if with_sm80 and layout == "HKT" else [])
+        if variants:
+            impls += PREFILL_VARIANTS
         for impl, env in impls:
-            if env:
-                os.environ["MSA_INDEXER_PREFILL"] = env
-            us = common.time_eager(scores_call(q, k, table, qo_indptr, kv_lens, out, layout), iters=iters)
-            os.environ.pop("MSA_INDEXER_PREFILL", None)
+            with env_vars(env):
+                us = common.time_eager(scores_call(q, k, table, qo_indptr, kv_lens, out, layout), iters=iters)
             hkt = out if layout == "HKT" else out.permute(1, 2, 0)
             err = sample_score_error(hkt, q, k, table, qo_indptr, kv_lens, tokens)
             rows.append(common.row(f"I-scores-{name}", "M3-indexer", layout, impl, us,
@@ -128,68 +165,122 @@ def prefill_rows(ceil, name, qo_len, kv_len, iters, with_sm80):
     return rows
 
 
-def decode_rows(ceil, B, kv_len, iters, fp8, rotate):
+def decode_rows(ceil, B, kv_len, iters, fp8, rotate, variants=False):
     rows = []
     caches = [paged_cache(kv_len, B, seed=i) for i in range(rotate)]
     q = torch.randn((B, H, D), device=dev, dtype=torch.bfloat16)
     qo_indptr, kv_lens = torch.arange(B + 1, device=dev, dtype=torch.int32), i32([kv_len] * B)
     nb = math.ceil(kv_len / BLOCK)
-    variants = [("bf16", None)]
+    kinds = [("bf16", None)]
     if fp8:
-        variants.append(("fp8", [quantize_fp8(k) for k, _ in caches]))
+        kinds.append(("fp8", [quantize_fp8(k) for k, _ in caches]))
+    impls = [("msa", None)] + (DECODE_VARIANTS if variants else [])
     selections = {}
-    for name, q8 in variants:
+    for name, q8 in kinds:
         for layout in ("HKT", "THK"):
             shape = (H, nb, B) if layout == "HKT" else (B, H, nb)
             outs = [torch.empty(shape, device=dev) for _ in caches]
             idxs = [torch.empty((B, H, TOPK), device=dev, dtype=torch.int32) for _ in caches]
 
-            def step(i):
+            def scores(i):
                 k, table = caches[i]
                 kk, ks = (k, None) if q8 is None else q8[i]
                 msa.block_scores(q, kk, table, qo_indptr, kv_lens, k_scale=ks, out=outs[i], layout=layout)
+
+            def topk(i):
                 msa.select_topk(outs[i], qo_indptr, kv_lens, TOPK, layout=layout, force_begin=0, force_end=1,
                                 out=idxs[i])
 
-            us = common.time_graph(None, iters=iters, rotate=[lambda i=i: step(i) for i in range(len(caches))])
+            def step(i):
+                scores(i)
+                topk(i)
+
+            suffix = "-fp8" if name == "fp8" else ""
             bytes_k = B * kv_len * (D * (1 if q8 is not None else 2) + (4 if q8 is not None else 0))
-            hkt = outs[0] if layout == "HKT" else outs[0].permute(1, 2, 0)
-            err = sample_score_error(hkt, q, q8[0][0] if q8 else caches[0][0], caches[0][1], qo_indptr, kv_lens,
-                                     [0, B - 1], k_scale=q8[0][1] if q8 else None)
-            bad = topk_errors(idxs[0], hkt, qo_indptr, kv_lens, list(range(B)))
-            extra = {}
-            selections[(name, layout)] = idxs[0].clone()
-            if name == "fp8":
-                ref = selections[("bf16", layout)]
-                extra["agree_rows"] = round((idxs[0] == ref).all(-1).float().mean().item(), 4)
-            wl = f"I-step-D-B{B}" + ("-fp8" if name == "fp8" else "")
-            rows.append(common.row(wl, "M3-indexer", layout, "msa", us, gbps=bytes_k / (us * 1e-6) / 1e9, ceil=ceil,
-                                   max_err=round(err, 6), topk_bad_rows=bad, **extra))
-            print(rows[-1], flush=True)
+            for impl, env in impls:
+                with env_vars(env):
+                    us = common.time_graph(None, iters=iters, rotate=[lambda i=i: step(i) for i in range(len(caches))])
+                    us_s = common.time_graph(None, iters=iters,
+                                             rotate=[lambda i=i: scores(i) for i in range(len(caches))])
+                hkt = outs[0] if layout == "HKT" else outs[0].permute(1, 2, 0)
+                err = sample_score_error(hkt, q, q8[0][0] if q8 else caches[0][0], caches[0][1], qo_indptr,
+                                         kv_lens, [0, B - 1], k_scale=q8[0][1] if q8 else None)
+                bad = topk_errors(idxs[0], hkt, qo_indptr, kv_lens, list(range(B)))
+                extra = {}
+                if impl == "msa":
+                    selections[(name, layout)] = idxs[0].clone()
+                    if name == "fp8":
+                        ref, got = selections[("bf16", layout)], idxs[0]
+                        extra["agree_rows"] = round((got == ref).all(-1).float().mean().item(), 4)
+                        shared = [len(set(a) & set(b)) for a, b in zip(got.view(-1, TOPK).tolist(),
+                                                                        ref.view(-1, TOPK).tolist())]
+                        extra["agree_entries"] = round(sum(shared) / (TOPK * len(shared)), 4)
+                rows.append(common.row(f"I-step-D-B{B}{suffix}", "M3-indexer", layout, impl, us,
+                                       gbps=bytes_k / (us * 1e-6) / 1e9, ceil=ceil, max_err=round(err, 6),
+                                       topk_bad_rows=bad, **extra))
+                print(rows[-1], flush=True)
+                rows.append(common.row(f"I-scores-D-B{B}{suffix}", "M3-indexer", layout, impl, us_s,
+                                       gbps=bytes_k / (us_s * 1e-6) / 1e9, ceil=ceil))
+                print(rows[-1], flush=True)
             if name == "bf16":
-                us = common.time_graph(None, iters=iters, rotate=[
-                    (lambda i=i: msa.select_topk(outs[i], qo_indptr, kv_lens, TOPK, layout=layout, force_begin=0,
-                                                 force_end=1, out=idxs[i])) for i in range(len(caches))])
+                us = common.time_graph(None, iters=iters, rotate=[lambda i=i: topk(i) for i in range(len(caches))])
                 rows.append(common.row(f"I-topk-D-B{B}", "M3-indexer", layout, "msa", us))
                 print(rows[-1], flush=True)
     return rows
 
 
+def graph_floor_rows(iters):
+    """A one-element kernel replayed like the decode rows: what launch and event timing cost alone."""
+    rows = []
+    xs = [torch.zeros(1, device=dev) for _ in range(8)]
+    for n in (1, 8):
+        us = common.time_graph(None, iters=iters, rotate=[lambda x=x: x.add_(1) for x in xs[:n]])
+        rows.append(common.row("graph-floor", "1 element", f"rotate={n}", "torch", us))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def launch_once():
+    """Each workload once, untimed, default kernels (for ncu -k regex:...)."""
+    k, table = paged_cache(32768, 1)
+    q = torch.randn((32768, H, D), device=dev, dtype=torch.bfloat16)
+    out = torch.empty((H, 256, 32768), device=dev)
+    qo, kv = i32([0, 32768]), i32([32768])
+    scores_call(q, k, table, qo, kv, out, "HKT")()
+    topk_call(out, qo, kv, torch.empty((32768, H, TOPK), device=dev, dtype=torch.int32), "HKT")()
+    B = 64
+    k, table = paged_cache(65536, B)
+    q = torch.randn((B, H, D), device=dev, dtype=torch.bfloat16)
+    qo, kv = torch.arange(B + 1, device=dev, dtype=torch.int32), i32([65536] * B)
+    out = torch.empty((H, 512, B), device=dev)
+    idx = torch.empty((B, H, TOPK), device=dev, dtype=torch.int32)
+    k8, ks = quantize_fp8(k)
+    scores_call(q, k, table, qo, kv, out, "HKT")()
+    scores_call(q, k8, table, qo, kv, out, "HKT", k_scale=ks)()
+    topk_call(out, qo, kv, idx, "HKT")()
+    torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations, no sm80 rows, no P-chunk")
+    ap.add_argument("--variants", action="store_true", help="also the kernel choices behind environment switches")
+    ap.add_argument("--once", action="store_true", help="launch each workload once, untimed (for ncu)")
     args = ap.parse_args()
     common.main_guard()
     torch.manual_seed(0)
+    if args.once:
+        launch_once()
+        return
     ceil = common.ceilings()
     iters = 5 if args.quick else 20
     rows = []
-    rows += prefill_rows(ceil, "P-32K", 32768, 32768, iters, with_sm80=not args.quick)
+    rows += graph_floor_rows(50)
+    rows += prefill_rows(ceil, "P-32K", 32768, 32768, iters, with_sm80=not args.quick, variants=args.variants)
     if not args.quick:
         rows += prefill_rows(ceil, "P-chunk", 4096, 32768, iters, with_sm80=False)
-    # B=1 reads 16 MB per step (L2 is 50 MB): rotate over 8 caches so each replay reads from HBM.
-    rows += decode_rows(ceil, 1, 65536, 20 if args.quick else 50, fp8=False, rotate=8)
-    rows += decode_rows(ceil, 64, 65536, 10 if args.quick else 30, fp8=True, rotate=1)
+    rows += decode_rows(ceil, 1, 65536, 20 if args.quick else 50, fp8=False, rotate=8, variants=args.variants)
+    rows += decode_rows(ceil, 64, 65536, 10 if args.quick else 30, fp8=True, rotate=8, variants=args.variants)
     common.write_results("indexer", ceil, rows)
 
 

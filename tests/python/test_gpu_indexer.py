@@ -1,7 +1,8 @@
 """The CUDA indexer (block_scores, select_topk) against the float64 references of msa_testing and the CPU
-backend: every kernel family (decode streaming, sm_90a wgmma prefill, portable mma.sync prefill with fp8
-keys), both score layouts, both index layouts, paged and strided caches, NaN-poisoned outputs, and CUDA
-graph replay with lengths rewritten in place.
+backend: every kernel family (decode: sm_90a TMA ring and streaming; prefill: sm_90a wgmma with a TMA or
+cp.async producer, portable mma.sync with fp8 keys), both score layouts, both index layouts, paged and
+strided caches, page ids outside the pool, NaN-poisoned outputs, the decode and prefill forms of the
+top-k, and CUDA graph replay with lengths rewritten in place.
 
 Run on a GPU machine: PYTHONPATH=build/python python3 -m pytest tests/python/test_gpu_indexer.py -q -s
 (-s shows the printed fp8-vs-bf16 selection agreement).
@@ -148,6 +149,69 @@ def test_block_scores_fp8_keys(rng, shape, qdtype, layout):
     assert_scores_equal(got, ref_scores(prob, nb, k_values=k_values, k_scale=scale.cpu().numpy()))
 
 
+# Environment switches that route the same shapes to the other kernel of each family (the defaults are
+# the TMA ring for decode and the TMA producer for prefill where the cache allows TMA).
+KERNEL_SWITCHES = {
+    "default": {},
+    "decode_stream": {"MSA_INDEXER_DECODE": "stream"},
+    "prefill_cpasync": {"MSA_INDEXER_PRODUCER": "cpasync"},
+}
+
+
+@pytest.mark.parametrize("switch", list(KERNEL_SWITCHES))
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("kdtype", ["bf16", "fp8"])
+def test_block_scores_kernel_switches(rng, monkeypatch, switch, shape, kdtype):
+    for k, v in KERNEL_SWITCHES[switch].items():
+        monkeypatch.setenv(k, v)
+    qo, kv = SHAPES[shape]
+    prob = index_problem(rng, qo, kv, page_size=64 if shape == "mtp" else 128)
+    t = gpu_inputs(prob)
+    if kdtype == "fp8":
+        k8, scale = quantize_fp8(t["k_cache"])
+        got, nb = run_scores(prob, t, layout="HKT", k=k8, k_scale=scale)
+        want = ref_scores(prob, nb, k_values=k8.float().cpu().numpy(), k_scale=scale.cpu().numpy())
+    else:
+        got, nb = run_scores(prob, t, layout="HKT")
+        want = ref_scores(prob, nb)
+    assert_scores_equal(got, want)
+
+
+@pytest.mark.parametrize("page_size", [32, 64, 128, 256])
+@pytest.mark.parametrize("shape", ["decode_ragged", "mtp", "prefill_batch"])
+@pytest.mark.parametrize("kdtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("switch", ["default", "decode_stream", "prefill_cpasync"])
+def test_block_scores_pages_outside_pool(rng, monkeypatch, switch, kdtype, shape, page_size):
+    """Page-table entries outside [0, num_pages) inside the visible range read as zero keys (score 0)."""
+    for k, v in KERNEL_SWITCHES[switch].items():
+        monkeypatch.setenv(k, v)
+    qo, kv = SHAPES[shape]
+    prob = index_problem(rng, qo, kv, page_size=page_size)
+    num_pages = prob.k_cache.shape[0]
+    table = prob.page_table.copy()
+    for b, n in enumerate(kv):  # poison one visible page per request (every other request: -1 / past the pool)
+        used = math.ceil(n / page_size)
+        if used > 1:
+            table[b, rng.integers(0, used - 1)] = -1 if b % 2 else num_pages + 3
+    prob.page_table = table
+    t = gpu_inputs(prob)
+    # Reference: the pool plus one zero page that every outside entry points to.
+    zero = np.zeros((1,) + prob.k_cache.shape[1:], prob.k_cache.dtype)
+    k_ref = np.concatenate([np.asarray(prob.k_cache, np.float64), zero])
+    ref_table = np.where((table < 0) | (table >= num_pages), num_pages, table).astype(np.int32)
+    k_scale = None
+    if kdtype == "fp8":
+        k8, scale = quantize_fp8(t["k_cache"])
+        k_ref = np.concatenate([k8.float().cpu().numpy(), zero])
+        k_scale = np.concatenate([scale.cpu().numpy(), np.ones((1,) + tuple(scale.shape[1:]), np.float32)])
+        got, nb = run_scores(prob, t, layout="THK", k=k8, k_scale=scale)
+    else:
+        got, nb = run_scores(prob, t, layout="THK")
+    want = mt.ref_block_scores(prob.q, k_ref, ref_table, prob.page_indptr, prob.qo_indptr, prob.kv_lens,
+                               qo_offset=prob.qo_offset, max_blocks=nb, k_scale=k_scale)
+    assert_scores_equal(got, want)
+
+
 def test_block_scores_portable_prefill_bf16(rng, monkeypatch):
     """The sm_80 (mma.sync) prefill kernel with bf16 keys, forced on sm_90 through MSA_INDEXER_PREFILL."""
     monkeypatch.setenv("MSA_INDEXER_PREFILL", "portable")
@@ -169,11 +233,12 @@ def cpu_scores(prob, t, nb, layout, k=None, k_scale=None):
     return to_thk(s, layout).astype(np.float64)
 
 
+@pytest.mark.parametrize("layout", ["HKT", "THK"])
 @pytest.mark.parametrize("case", ["prefill_two_ranges", "prefill_batch_long", "decode_long", "fp8_prefill_long"])
-def test_block_scores_long_vs_cpu(rng, case):
-    """Multiple 64-block ranges per token tile, tails of -inf, long decode rows: against the CPU backend."""
+def test_block_scores_long_vs_cpu(rng, case, layout):
+    """Multiple block ranges per token tile, tails of -inf, long decode rows: against the CPU backend."""
     if case == "prefill_two_ranges":
-        qo, kv = [300], [9000]
+        qo, kv = [300], [17000]
     elif case == "prefill_batch_long":
         qo, kv = [520, 40, 700], [8800, 40, 12000]
     elif case == "decode_long":
@@ -184,7 +249,7 @@ def test_block_scores_long_vs_cpu(rng, case):
     t = gpu_inputs(prob)
     nb = math.ceil(max(kv) / 128) + 1
     k, ks = quantize_fp8(t["k_cache"]) if case.startswith("fp8") else (None, None)
-    got, _ = run_scores(prob, t, layout="HKT", max_blocks=nb, k=k, k_scale=ks)
+    got, _ = run_scores(prob, t, layout=layout, max_blocks=nb, k=k, k_scale=ks)
     assert_scores_equal(got, cpu_scores(prob, t, nb, "THK", k=k, k_scale=ks))
 
 
@@ -250,6 +315,28 @@ def test_select_topk_row_lengths(rng, nb):
     for score_layout in ("HKT", "THK"):
         got = gpu_topk(s, qo_indptr, kv_lens, 16, score_layout=score_layout, index_layout="THK")
         np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, 16))
+
+
+@pytest.mark.parametrize("case", ["decode", "mtp_uniform", "ragged_few_tokens", "prefill_causal"])
+@pytest.mark.parametrize("score_layout", ["HKT", "THK"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_select_topk_forms(rng, case, score_layout, ties):
+    """The decode form (<= 4 tokens per request: request guessed from the token, row loaded before the
+    lengths arrive; a wrong guess falls back to the search) and the prefill form (keys per lane sized
+    to each row's valid blocks), against the CPU backend."""
+    if case == "decode":
+        qo_lens, kv_lens = [1] * 9, [130, 4100, 9000, 65536, 1, 128, 129, 20000, 2048]
+    elif case == "mtp_uniform":
+        qo_lens, kv_lens = [3] * 5, [400, 4100, 9000, 65536, 3]
+    elif case == "ragged_few_tokens":
+        qo_lens, kv_lens = [0, 4, 1, 0, 3, 2, 1], [10, 900, 5000, 7, 30000, 65536, 300]
+    else:
+        qo_lens, kv_lens = [5000, 40], [9000, 40]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    nb = math.ceil(max(kv_lens) / 128)
+    s = random_scores(rng, int(qo_indptr[-1]), 4, nb, ties=ties)
+    got = gpu_topk(s, qo_indptr, kv_lens, 16, score_layout=score_layout, index_layout="THK")
+    np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, 16))
 
 
 @pytest.mark.parametrize("causal", [True, False])

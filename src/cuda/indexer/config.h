@@ -20,18 +20,38 @@ inline constexpr int kStreamStepBytes = 256;
 // in flight, 16 of query fragments and the 64-bit row addresses without spilling; 12 warps x 8 KB in
 // flight per SM still triple the ~36 KB that hide DRAM latency.
 inline constexpr int kStreamMinCtasPerSm = 3;
-// block_scores takes the streaming kernel when total_q <= this many tokens per request (decode, MTP).
+// block_scores takes a decode kernel (ring or streaming) when total_q <= this many tokens per request.
 inline constexpr int kStreamMaxTokensPerRequest = 4;
+
+// ---- Decode scores on sm_90a (scores_ring.cuh): one persistent CTA per SM, a producer warp streams each
+// visible 128-key block into a shared-memory ring with TMA, consumer warps score it from shared memory.
+// The bytes in flight then no longer sit in registers: 224 KB of ring per SM (7 bf16 / 13 fp8 stages) is
+// ~29 MB in flight over 132 SMs, ~6 us of the 4.8 TB/s peak, against ~1-2 us of loaded DRAM latency.
+inline constexpr int kRingConsumerWarps = 4;
+inline constexpr int kRingThreads = 32 * (kRingConsumerWarps + 1);
+inline constexpr int kRingBytes = 224 * 1024;
+// Blocks per work item (request, chunk of blocks, index-K head); items go round-robin over the CTAs.
+// H200, B=64 x 512 blocks (run of 2026-11-29, 6 bf16 / 11 fp8 stages): bf16 2 blocks 266 us vs 4: 266-273
+// vs 8: 268-270; fp8 4 blocks 150-152 us vs 2: 160-163 vs 8: 176-177 (an fp8 block is half the bytes
+// and its per-item query load and conversion weigh more). With 7 / 13 stages (second run): bf16 264 us
+// (0.99 of the copy ceiling), fp8 149 us (0.90).
+inline constexpr int kRingItemBlocks16 = 2;
+inline constexpr int kRingItemBlocksF8 = 4;
+// Widest head group the ring kernel packs into one mma n=8 pass (wider groups take scores_stream).
+inline constexpr int kRingMaxGroup = 8;
 
 // ---- Prefill scores on sm_90a (scores_sm90.cuh): (token, head) rows as wgmma M, a 128-key block as N.
 // 4 consumer warpgroups x m64 = 256 rows (64 tokens x 4 heads): each 32 KB key block staged once serves
 // 256 rows, so P-32K reads 2.2 GB of keys from L2 (M=128 would need 4.3 GB).
 inline constexpr int kSm90ConsumerWarpgroups = 4;
 inline constexpr int kSm90Rows = 64 * kSm90ConsumerWarpgroups;
-inline constexpr int kSm90Threads = 128 * kSm90ConsumerWarpgroups + 32;  // + one cp.async producer warp
+inline constexpr int kSm90Threads = 128 * kSm90ConsumerWarpgroups + 32;  // + one producer warp
 inline constexpr int kSm90Stages = 4;                                     // 4 x 32 KB of keys + 64 KB of q
-// Blocks per CTA along the keys: no reduction crosses blocks, so splitting keys over CTAs is free and
-// keeps P-chunk (64 tiles) from leaving SMs idle; 64 blocks amortize the q load (64 KB vs 2 MB of keys).
+// Blocks per work item along the keys: no reduction crosses blocks, so splitting keys over CTAs is free
+// and keeps P-chunk (64 tiles) from leaving SMs idle. H200, P-32K (run of 2026-11-29): 128 blocks beat 64
+// by 1-4% (HKT 1235 vs 1285 us; fewer 64 KB query loads and pipeline fills) and 32 by 4-6%.
+inline constexpr int kSm90RangeBlocks = 128;
+// The portable kernel's range (not re-measured since the sm_90a kernel moved to 128).
 inline constexpr int kPrefillRangeBlocks = 64;
 
 // ---- Prefill scores, portable (scores_portable.cuh, mma.sync, sm_80+; also fp8 keys on sm_90).
@@ -41,7 +61,8 @@ inline constexpr int kPortableStages = 3;
 
 // ---- select_topk (topk.cuh): one warp per (token, head) row, the row's keys in registers.
 inline constexpr int kTopkMaxK = 64;
-inline constexpr int kTopkWarps = 8;                 // rows per CTA
+// Batches with at most this many tokens per request take the decode form (speculative loads).
+inline constexpr int kTopkDecodeTokensPerRequest = 4;
 inline constexpr int kTopkMaxRegBlocks = 32 * 64;    // 64 keys per lane: rows up to 2048 blocks (256K tokens)
 inline constexpr int kTopkMaxSmemBlocks = 1 << 15;   // longer rows: 128 KB of shared memory per row (4M tokens)
 

@@ -144,6 +144,11 @@ __device__ __forceinline__ uint4 ld_nc16(const void* p) {
   return v;
 }
 
+// 32-bit word i (0..3) of a 16-byte load; i is a compile-time constant after unrolling.
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -14,11 +14,12 @@ namespace msa::detail::cuda {
 
 namespace {
 
-// MSA_INDEXER_PREFILL=portable routes prefill-shaped batches to the mma.sync kernel on sm_90 too, so
-// that the benchmarks and tests can measure and check the sm_80 path on a Hopper machine.
-bool force_portable_prefill() {
-  const char* v = std::getenv("MSA_INDEXER_PREFILL");
-  return v != nullptr && std::strcmp(v, "portable") == 0;
+// MSA_INDEXER_PREFILL=portable routes prefill-shaped batches to the mma.sync kernel on sm_90 too, and
+// MSA_INDEXER_DECODE=stream decode-shaped batches to the streaming kernel, so that the benchmarks and
+// tests can measure and check the portable paths on a Hopper machine.
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
 }
 
 int device_of(const void* ptr, const char* fn) {
@@ -57,10 +58,13 @@ void block_scores(const BlockScoresParams& p, void* stream) {
   const int64_t T = p.seqs.total_q, B = p.seqs.batch_size;
   const int G = p.num_heads / p.k.num_heads;
   const bool fp8 = p.k_dtype == ScalarType::kF8E4M3;
+  const bool sm90 = compute_capability(device) == 90;
   if (T <= kStreamMaxTokensPerRequest * B) {
     MSA_CHECK(B <= 0x7fffffffLL, kNotImplemented, fn, ": ", B, " requests exceed the CUDA grid");
-    launch_scores_stream(p, st);
-  } else if (!fp8 && G <= kSm90Rows && compute_capability(device) == 90 && !force_portable_prefill() &&
+    const bool ring = sm90 && G <= kRingMaxGroup && !env_is("MSA_INDEXER_DECODE", "stream") &&
+                      ring_scores_available(device);
+    if (!ring || !launch_scores_ring(p, device, st)) launch_scores_stream(p, st);
+  } else if (!fp8 && G <= kSm90Rows && sm90 && !env_is("MSA_INDEXER_PREFILL", "portable") &&
              sm90_scores_available(device)) {
     launch_scores_sm90(p, st);
   } else if (G <= kPortableRows) {

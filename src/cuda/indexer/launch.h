@@ -14,6 +14,12 @@ int page_shift(int page_size);
 // Decode-shaped batches (few tokens per request): keys streamed once, any dtype, any head grouping.
 void launch_scores_stream(const BlockScoresParams& p, cudaStream_t stream);
 
+// Decode-shaped batches on sm_90a (TMA ring), head group <= kRingMaxGroup. ring_scores_available: whether
+// this binary holds the sm_90a bodies. launch_scores_ring returns false, launching nothing, when the
+// cache cannot be read by TMA (key_map.h); the caller then takes launch_scores_stream.
+bool ring_scores_available(int device);
+bool launch_scores_ring(const BlockScoresParams& p, int device, cudaStream_t stream);
+
 // Prefill on sm_90a (wgmma), bf16/fp16 index keys, head group <= kSm90Rows. False when this binary
 // holds no sm_90a code for the kernel (nothing is launched then).
 bool sm90_scores_available(int device);

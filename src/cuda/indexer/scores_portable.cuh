@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "cuda/indexer/device.cuh"
-#include "cuda/indexer/scores_stream.cuh"  // Fp8Tag, word()
+#include "cuda/indexer/scores_stream.cuh"  // Fp8Tag
 
 namespace msa::detail::cuda::indexer {
 

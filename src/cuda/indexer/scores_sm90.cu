@@ -1,13 +1,27 @@
 // Launch of the sm_90a prefill block-scores kernel (bf16 and fp16 index keys).
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
 #include "cuda/common/check.cuh"
+#include "cuda/indexer/key_map.h"
 #include "cuda/indexer/launch.h"
 #include "cuda/indexer/scores_sm90.cuh"
 #include "msa/error.h"
 
 namespace msa::detail::cuda::indexer {
+
+namespace {
+
+// MSA_INDEXER_PRODUCER=cpasync keeps the cp.async producer where TMA would apply (tests and benchmarks
+// of the fallback on a Hopper machine).
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+}  // namespace
 
 bool sm90_scores_available(int device) {
   // Per device: whether the binary holds the sm_90a body (a build without it compiles an empty kernel
@@ -35,18 +49,23 @@ bool sm90_scores_available(int device) {
 }
 
 void launch_scores_sm90(const BlockScoresParams& p, cudaStream_t stream) {
+  Sm90Args a{};
+  a.p = p;
   const int G = p.num_heads / p.k.num_heads;
-  const int tile_tokens = kSm90Rows / G;
-  const int64_t slots = p.seqs.total_q / tile_tokens + p.seqs.batch_size;
-  const dim3 grid(static_cast<unsigned>(slots), (p.max_blocks + kPrefillRangeBlocks - 1) / kPrefillRangeBlocks,
-                  p.k.num_heads);
-  MSA_CHECK(grid.y <= 65535u && grid.z <= 65535u, kNotImplemented, "msa.block_scores: argument 'out': ",
-            p.max_blocks, " blocks x ", p.k.num_heads, " index-K heads exceed the prefill grid");
+  a.tile_tokens = kSm90Rows / G;
+  a.slots = p.seqs.total_q / a.tile_tokens + p.seqs.batch_size;
+  a.ranges = (p.max_blocks + kSm90RangeBlocks - 1) / kSm90RangeBlocks;
+  a.page_shift = page_shift(p.k.page_size);
+  a.tma = !env_is("MSA_INDEXER_PRODUCER", "cpasync") && keys_tma_ok(p) && encode_keys_map(&a.keys, p);
+  const int64_t items = a.slots * a.ranges;
+  MSA_CHECK(items <= 0x7fffffffLL && p.k.num_heads <= 65535, kNotImplemented, "msa.block_scores: argument 'out': ",
+            p.seqs.total_q, " tokens x ", p.max_blocks, " blocks x ", p.k.num_heads,
+            " index-K heads exceed the prefill grid");
+  const dim3 grid(static_cast<unsigned>(items), p.k.num_heads);
   if (p.q_dtype == ScalarType::kF16)
-    scores_sm90_kernel<true><<<grid, kSm90Threads, kSm90SmemBytes, stream>>>(p, tile_tokens, page_shift(p.k.page_size));
+    scores_sm90_kernel<true><<<grid, kSm90Threads, kSm90SmemBytes, stream>>>(a);
   else
-    scores_sm90_kernel<false><<<grid, kSm90Threads, kSm90SmemBytes, stream>>>(p, tile_tokens,
-                                                                              page_shift(p.k.page_size));
+    scores_sm90_kernel<false><<<grid, kSm90Threads, kSm90SmemBytes, stream>>>(a);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -44,10 +44,6 @@ struct StreamTraits {
   }
 };
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
-
 template <typename QT, typename KT>
 __global__ void __launch_bounds__(kStreamWarps * 32, kStreamMinCtasPerSm)
     scores_stream_kernel(const BlockScoresParams p, int head_chunks, int page_shift) {

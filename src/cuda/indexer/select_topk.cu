@@ -1,4 +1,5 @@
-// Launch of select_topk: the register capacity per lane is picked from the scores' block extent.
+// Launch of select_topk: the register capacity per lane is picked from the scores' block extent, the
+// decode form (speculative request guess and row loads) from the token and request counts.
 #include "cuda/common/check.cuh"
 #include "cuda/common/device_buffer.cuh"
 #include "cuda/indexer/launch.h"
@@ -12,17 +13,21 @@ namespace {
 template <int CAP>
 void launch_cap(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
   // Many rows (prefill): 16 warps per CTA, so that 16 consecutive tokens of an HKT layout share each
-  // 128-byte line of scores in L1. Few rows (decode, 256): 4 warps per CTA to spread rows over SMs.
-  const int warps = rows >= 132 * 64 ? 16 : 4;
+  // 128-byte line of scores in L1. Few rows (decode, 256 at B=64): 2 warps per CTA, one CTA per SM.
+  const int warps = rows >= 132 * 64 ? 16 : (rows >= 132 * 8 ? 4 : 2);
   const int64_t grid = (rows + warps - 1) / warps;
-  select_topk_kernel<CAP><<<static_cast<unsigned>(grid), warps * 32, 0, stream>>>(p, token_fastest);
+  if (p.seqs.total_q <= kTopkDecodeTokensPerRequest * static_cast<int64_t>(p.seqs.batch_size))
+    select_topk_kernel<CAP, true><<<static_cast<unsigned>(grid), warps * 32, 0, stream>>>(p, token_fastest);
+  else
+    select_topk_kernel<CAP, false><<<static_cast<unsigned>(grid), warps * 32, 0, stream>>>(p, token_fastest);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
 void launch_smem(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
   const int smem = (p.max_blocks + 31) / 32 * 32 * static_cast<int>(sizeof(uint32_t));
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(select_topk_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  select_topk_kernel<0><<<static_cast<unsigned>(rows), 32, smem, stream>>>(p, token_fastest);
+  auto kernel = select_topk_kernel<0, false>;
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<static_cast<unsigned>(rows), 32, smem, stream>>>(p, token_fastest);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -2,12 +2,18 @@
 //
 // Each score becomes a 32-bit key whose unsigned order is the contract's order (NaN lowest, below -inf;
 // -0 == +0), and 0 marks blocks that are not candidates (forced, or past the row's valid blocks). The
-// k'-th largest key (k' = topk - forced) is found by a bitwise search from the top bit: per bit one
-// compare per key and one warp reduction, stopping as soon as the prefix isolates exactly k' keys
-// (~18 of 32 bits on random scores). One ascending pass over the blocks then takes the forced blocks,
-// every key above the threshold and the lowest-index keys equal to it (ties to the lower index), and
-// writes them in order through ballot prefix counts, -1 after them: any output strides, no sort.
+// k'-th largest key (k' = topk - forced) is found by a bitwise search that starts below the bits all
+// candidates share (the common prefix of the row's largest and smallest key: sign and leading exponent
+// bits of same-sign scores) and stops as soon as the prefix isolates exactly k' keys. One ascending pass
+// over the blocks then takes the forced blocks and every key >= the threshold (or, when the search ended
+// on equal keys, every key above it and the lowest-index keys equal to it), and writes them in order
+// through ballot prefix counts, -1 after them: any output strides, no sort.
+//
+// The per-row work is proportional to the keys each lane holds, so a row is processed with the smallest
+// power-of-two number of keys per lane that covers its valid blocks (P-32K rows hold 1..256 blocks).
 #pragma once
+
+#include <type_traits>
 
 #include "cuda/indexer/device.cuh"
 
@@ -19,16 +25,14 @@ __device__ __forceinline__ uint32_t score_key(float s) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);           // -inf -> 0x007FFFFF >= 2
 }
 
-// Keys of one row held in registers: lane l has blocks l, l+32, ..., CAP of them.
-template <int CAP>
+// Keys of one row held in registers: lane l has blocks l, l+32, ..., C of them.
+template <int C>
 struct RegKeys {
-  uint32_t k[CAP];
-  int nch;  // chunks of 32 blocks in use
+  uint32_t k[C];
   template <typename F>
   __device__ __forceinline__ void each(F&& f) const {
 #pragma unroll
-    for (int i = 0; i < CAP; ++i)
-      if (i < nch) f(i, k[i]);
+    for (int i = 0; i < C; ++i) f(i, k[i]);
   }
 };
 
@@ -43,6 +47,13 @@ struct SmemKeys {
   }
 };
 
+template <typename Keys>
+__device__ __forceinline__ int count_at_least(const Keys& keys, uint32_t x) {
+  int c0 = 0, c1 = 0;  // two chains: half the add latency on the search's critical path
+  keys.each([&](int i, uint32_t k) { (i & 1 ? c1 : c0) += k >= x; });
+  return __reduce_add_sync(kFullMask, c0 + c1);
+}
+
 // Selects and writes one row; n > topk valid blocks, keys built for blocks [fb, n - fe).
 template <typename Keys>
 __device__ __forceinline__ void select_row(const Keys& keys, int n, const SelectTopkParams& p, int32_t* out) {
@@ -50,44 +61,67 @@ __device__ __forceinline__ void select_row(const Keys& keys, int n, const Select
   const unsigned lt = (1u << lane) - 1u;
   const int kp = p.topk - p.force_begin - p.force_end;  // blocks chosen by score
   uint32_t thr = 0xFFFFFFFFu;                            // above every key: nothing by score
-  int need_eq = 0;
+  int need_eq = 0;                                       // > 0: take thr's lowest-index keys, this many
   if (kp > 0) {
-    thr = 0;
-    int cnt = n - p.force_begin - p.force_end;  // keys >= thr, counting candidates only (keys >= 1)
-    for (int bit = 31; bit >= 0 && cnt != kp; --bit) {
+    uint32_t mx = 0, mn = 0xFFFFFFFFu;
+    keys.each([&](int, uint32_t k) {
+      mx = max(mx, k);
+      mn = k ? min(mn, k) : mn;
+    });
+    mx = __reduce_max_sync(kFullMask, mx);
+    mn = __reduce_min_sync(kFullMask, mn);
+    // Every candidate lies in [mn, mx], so all share the bits above the highest bit where mx and mn
+    // differ: start there, with the count of keys >= thr = all candidates.
+    const uint32_t diff = mx ^ mn;
+    thr = diff ? (mx & ~(0xFFFFFFFFu >> __clz(diff))) : mx;
+    int cnt = n - p.force_begin - p.force_end;
+    for (int bit = 31 - __clz(diff); bit >= 0 && cnt != kp; --bit) {
       const uint32_t cand = thr | (1u << bit);
-      int c = 0;
-      keys.each([&](int, uint32_t k) { c += k >= cand; });
-      c = __reduce_add_sync(kFullMask, c);
+      const int c = count_at_least(keys, cand);
       if (c >= kp) thr = cand, cnt = c;
     }
-    if (cnt == kp) {  // exactly k' keys >= thr: the smallest of them is the k'-th largest
-      const uint32_t lo = thr > 1u ? thr : 1u;
-      uint32_t mn = 0xFFFFFFFFu;
-      keys.each([&](int, uint32_t k) { mn = k >= lo && k < mn ? k : mn; });
-      thr = __reduce_min_sync(kFullMask, mn);
-    }
-    int gt = 0;
-    keys.each([&](int, uint32_t k) { gt += k > thr; });
-    need_eq = kp - __reduce_add_sync(kFullMask, gt);
+    // Every bit resolved and still more than k' keys >= thr: thr is the k'-th largest key and has ties;
+    // take the keys above it and the lowest-index ones equal to it (need_eq >= 1).
+    if (cnt != kp) need_eq = kp - count_at_least(keys, thr + 1);
   }
   int pos = 0, eq_seen = 0;
   keys.each([&](int i, uint32_t k) {
     const int blk = 32 * i + lane;
     const bool forced = blk < n && (blk < p.force_begin || blk >= n - p.force_end);
-    const bool eq = k == thr;
-    const unsigned eqm = __ballot_sync(kFullMask, eq);
-    const bool sel = forced || k > thr || (eq && eq_seen + __popc(eqm & lt) < need_eq);
+    bool sel;
+    if (need_eq > 0) {  // warp-uniform
+      const bool eq = k == thr;
+      const unsigned eqm = __ballot_sync(kFullMask, eq);
+      sel = forced || k > thr || (eq && eq_seen + __popc(eqm & lt) < need_eq);
+      eq_seen += __popc(eqm);
+    } else {
+      sel = forced || k >= thr;
+    }
     const unsigned selm = __ballot_sync(kFullMask, sel);
     if (sel) out[(pos + __popc(selm & lt)) * p.out_stride_k] = blk;
     pos += __popc(selm);
-    eq_seen += __popc(eqm);
   });
   for (int j = pos + lane; j < p.topk; j += 32) out[j * p.out_stride_k] = -1;
 }
 
-// CAP > 0: keys in registers, CAP per lane. CAP == 0: keys in dynamic shared memory, one warp per CTA.
-template <int CAP>
+// Calls f(std::integral_constant<int, C>) with the smallest power of two C >= nch, C <= CAP.
+template <int C, int CAP, typename F>
+__device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
+  if constexpr (C >= CAP) {
+    f(std::integral_constant<int, CAP>{});
+  } else {
+    if (nch <= C)
+      f(std::integral_constant<int, C>{});
+    else
+      with_keys_per_lane<2 * C, CAP>(nch, f);
+  }
+}
+
+// CAP > 0: keys in registers, up to CAP per lane. CAP == 0: keys in dynamic shared memory, one warp per CTA.
+// kDecode (few tokens per request, host-known): the request of token t is guessed as t * B / T (exact
+// for uniform batches, checked, searched otherwise) and the row's scores are loaded before the request's
+// lengths arrive, so a row costs one round trip to memory instead of three.
+template <int CAP, bool kDecode>
 __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams p, bool token_fastest) {
   extern __shared__ uint32_t smem_keys[];
   const int lane = threadIdx.x & 31;
@@ -97,9 +131,25 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
   if (row >= T * p.num_heads) return;
   const int64_t t = token_fastest ? row % T : row / p.num_heads;
   const int h = static_cast<int>(token_fastest ? row / T : row % p.num_heads);
+  const float* srow = p.scores + t * p.s_stride_token + h * p.s_stride_head;
+  int32_t* out = p.out + t * p.out_stride_token + h * p.out_stride_head;
 
-  const int b = warp_last_le(p.seqs.batch_size, t,
-                             [&](int i) { return clamp_to<int64_t>(p.seqs.qo_indptr[i], 0, T); });
+  static_assert(!kDecode || CAP > 0, "decode rows are held in registers");
+  float v[kDecode ? CAP : 1];
+  if constexpr (kDecode) {
+#pragma unroll
+    for (int i = 0; i < CAP; ++i) {
+      const int blk = 32 * i + lane;
+      v[i] = __ldg(srow + (blk < p.max_blocks ? blk * p.s_stride_block : 0));
+    }
+  }
+  auto indptr = [&](int i) { return clamp_to<int64_t>(p.seqs.qo_indptr[i], 0, T); };
+  int b = -1;
+  if constexpr (kDecode) {
+    const int guess = static_cast<int>(t * p.seqs.batch_size / T);
+    if (indptr(guess) <= t && t < indptr(guess + 1)) b = guess;
+  }
+  if (b < 0) b = warp_last_le(p.seqs.batch_size, t, indptr);
   if (b < 0) return;
   const Request rq = load_request(p.seqs, b);
   if (t >= rq.q_begin + rq.q_len) return;  // not a token of the batch
@@ -107,30 +157,38 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
   const int64_t nkv = min64((rq.kv_len + kBlock - 1) / kBlock, p.max_blocks);
   const int n = static_cast<int>(p.causal ? (pos < 0 ? 0 : min64(pos / kBlock + 1, nkv)) : nkv);
 
-  int32_t* out = p.out + t * p.out_stride_token + h * p.out_stride_head;
   if (n <= p.topk) {  // every valid block
     for (int j = lane; j < p.topk; j += 32) out[j * p.out_stride_k] = j < n ? j : -1;
     return;
   }
-  const float* srow = p.scores + t * p.s_stride_token + h * p.s_stride_head;
   const int lo = p.force_begin, hi = n - p.force_end;  // candidates by score
   const int nch = (n + 31) / 32;
   if constexpr (CAP > 0) {
-    RegKeys<CAP> keys;
-    keys.nch = nch;
-    // All loads first (unconditional, address clamped to block 0) so they are in flight together.
-    float v[CAP];
+    with_keys_per_lane<1, CAP>(nch, [&](auto c) {
+      constexpr int C = decltype(c)::value;
+      RegKeys<C> keys;
+      if constexpr (kDecode) {
 #pragma unroll
-    for (int i = 0; i < CAP; ++i) {
-      const int blk = 32 * i + lane;
-      v[i] = __ldg(srow + (i < nch && blk >= lo && blk < hi ? blk * p.s_stride_block : 0));
-    }
+        for (int i = 0; i < C; ++i) {
+          const int blk = 32 * i + lane;
+          keys.k[i] = blk >= lo && blk < hi ? score_key(v[i]) : 0u;
+        }
+      } else {
+        // All loads first (address clamped to block 0) so that they are in flight together.
+        float w[C];
 #pragma unroll
-    for (int i = 0; i < CAP; ++i) {
-      const int blk = 32 * i + lane;
-      keys.k[i] = i < nch && blk >= lo && blk < hi ? score_key(v[i]) : 0u;
-    }
-    select_row(keys, n, p, out);
+        for (int i = 0; i < C; ++i) {
+          const int blk = 32 * i + lane;
+          w[i] = __ldg(srow + (blk >= lo && blk < hi ? blk * p.s_stride_block : 0));
+        }
+#pragma unroll
+        for (int i = 0; i < C; ++i) {
+          const int blk = 32 * i + lane;
+          keys.k[i] = blk >= lo && blk < hi ? score_key(w[i]) : 0u;
+        }
+      }
+      select_row(keys, n, p, out);
+    });
   } else {
     uint32_t* buf = smem_keys + (threadIdx.x >> 5) * ((p.max_blocks + 31) / 32 * 32);
     for (int i = 0; i < nch; ++i) {
