@@ -11,6 +11,7 @@ OUT=$(mktemp -d)
 mkdir -p "$FINAL"
 pack() { tar -C "$OUT" -czf "$FINAL/results.tgz" . ; }
 trap pack EXIT
+trap 'exit 124' TERM INT  # a timeout still packs what was written
 exec > >(tee "$FINAL/summary.txt") 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/build/python OUT
 ARCH=${MSA_CUDA_ARCH:-90a-real}
