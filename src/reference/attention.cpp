@@ -13,6 +13,7 @@
 #include "core/backend.h"
 #include "reference/paged_batch.h"
 #include "reference/parallel.h"
+#include "reference/qk_scores.h"
 #include "reference/scalar.h"
 
 namespace msa::detail::reference {
@@ -91,12 +92,7 @@ void attend_item(const AttentionParams& p, const BatchMap& batch, int64_t t, int
     load_row(p.q, p.dtype, t * p.q_stride_token + h * p.q_stride_head, D, w.q.data());
 
     float* s = w.s.data();
-    std::fill(s, s + n, 0.f);
-    for (int32_t d = 0; d < D; ++d) {
-      const float qd = w.q[d];
-      const float* kd = w.kt.data() + int64_t(d) * n;
-      for (int64_t j = 0; j < n; ++j) s[j] += qd * kd[j];
-    }
+    qk_scores(w.q.data(), w.kt.data(), D, n, s);
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) {
       s[j] *= p.sm_scale;

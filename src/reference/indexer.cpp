@@ -7,6 +7,7 @@
 #include "core/backend.h"
 #include "reference/paged_batch.h"
 #include "reference/parallel.h"
+#include "reference/qk_scores.h"
 #include "reference/scalar.h"
 
 namespace msa::detail::reference {
@@ -60,12 +61,7 @@ void score_item(const BlockScoresParams& p, const BatchMap& batch, int64_t t, in
   for (int32_t h = kg * heads_per_k; h < (kg + 1) * heads_per_k; ++h) {
     load_row(p.q, p.q_dtype, t * p.q_stride_token + h * p.q_stride_head, D, w.q.data());
     float* s = w.s.data();
-    std::fill(s, s + n, 0.f);
-    for (int32_t d = 0; d < D; ++d) {
-      const float qd = w.q[d];
-      const float* kd = w.kt.data() + int64_t(d) * n;
-      for (int64_t j = 0; j < n; ++j) s[j] += qd * kd[j];
-    }
+    qk_scores(w.q.data(), w.kt.data(), D, n, s);
     float* out = p.out + t * p.out_stride_token + h * p.out_stride_head;
     for (int64_t j = 0; j < n; ++j) {
       float& best = out[(w.key[j] / p.block_size) * p.out_stride_block];
