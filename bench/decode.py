@@ -174,8 +174,8 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
         qo_bytes = 2 * w.batch * w.qo_len * hq * D * 2
         pattern = "random" if w.sparse else "dense"
         variants = [("msa", 0)]
-        if args.sweep_splits and w.batch <= 8:
-            variants += [(f"msa-splits{s}", s) for s in (2, 4, 8, 16)]
+        if args.sweep_splits and w.batch <= 32:
+            variants += [(f"msa-splits{s}", s) for s in (1, 2, 4, 8, 16) if w.batch * s <= 512]
         for impl, max_splits in variants:
             plan = msa.plan_decode(w.batch, w.qo_len, int(w.kv_lens.max()), num_qo_heads=hq, num_kv_heads=hkv,
                                    head_dim=D, page_size=P, topk=TOPK if w.sparse else 0, device=DEV,
@@ -205,7 +205,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="M3-TP1 only, the workloads with bars, fewer iterations")
     ap.add_argument("--shape", choices=sorted(SHAPES), action="append", help="restrict to a shape (repeatable)")
-    ap.add_argument("--sweep-splits", action="store_true", help="also time max_splits 2/4/8/16 at B <= 8")
+    ap.add_argument("--sweep-splits", action="store_true", help="also time max_splits 1/2/4/8/16 at B <= 32")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (e.g. D-B1,D-mtp)")
     ap.add_argument("--iters", type=int, default=None, help="graph replays timed (default 20 quick, 50 full)")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")

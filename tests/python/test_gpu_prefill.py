@@ -219,13 +219,7 @@ def test_tile_list_sizes(rng, monkeypatch, group, num_kv_heads, topk, mode):
     assert not np.isnan(o).any()
 
 
-# The TMA-store variant is experimental and off by default (config.h kKvTmaStore): its box-count fix was
-# made after its last H200 run and is unverified, so it runs only on request (MSA_TEST_KV_TMA_STORE=1).
-_TMA_STORE_OPT_IN = pytest.mark.skipif(os.environ.get("MSA_TEST_KV_TMA_STORE") != "1",
-                                       reason="experimental KV-major TMA-store path (MSA_TEST_KV_TMA_STORE=1 runs it)")
-
-
-@pytest.mark.parametrize("tma_store", ["0", pytest.param("1", marks=_TMA_STORE_OPT_IN)])
+@pytest.mark.parametrize("tma_store", ["0", "1"])
 @pytest.mark.parametrize("group,num_kv_heads", [(8, 2), (16, 2), (32, 1)])
 def test_kvmajor_partial_stores(rng, monkeypatch, tma_store, group, num_kv_heads):
     """KV-major partial outputs through TMA stores (boxes of 8 rows when G = 8, 16 rows above) and

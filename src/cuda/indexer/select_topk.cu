@@ -1,6 +1,7 @@
 // Launch of select_topk: the register capacity per lane is picked from the scores' block extent, the
 // decode form (speculative request guess and row loads) from the token and request counts.
 #include "cuda/common/check.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/device_buffer.cuh"
 #include "cuda/indexer/launch.h"
 #include "cuda/indexer/topk.cuh"
@@ -10,25 +11,47 @@ namespace msa::detail::cuda::indexer {
 
 namespace {
 
+// Launches with programmatic dependent launch where the device has it (the kernel waits for the previous
+// kernel of the stream before its first read): a decode step's top-k then starts while the scores
+// kernel drains instead of after it.
+void launch(const void* kernel, unsigned grid, unsigned threads, unsigned smem, const SelectTopkParams& p,
+            bool token_fastest, cudaStream_t stream) {
+  int device = 0;
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = pdl_supported(device) ? &attr : nullptr;
+  cfg.numAttrs = cfg.attrs ? 1 : 0;
+  SelectTopkParams params = p;
+  void* args[] = {&params, &token_fastest};
+  MSA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kernel, args));
+}
+
 template <int CAP>
 void launch_cap(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
   // Many rows (prefill): 16 warps per CTA, so that 16 consecutive tokens of an HKT layout share each
   // 128-byte line of scores in L1. Few rows (decode, 256 at B=64): 2 warps per CTA, one CTA per SM.
   const int warps = rows >= 132 * 64 ? 16 : (rows >= 132 * 8 ? 4 : 2);
-  const int64_t grid = (rows + warps - 1) / warps;
+  const auto grid = static_cast<unsigned>((rows + warps - 1) / warps);
   if (p.seqs.total_q <= kTopkDecodeTokensPerRequest * static_cast<int64_t>(p.seqs.batch_size))
-    select_topk_kernel<CAP, true><<<static_cast<unsigned>(grid), warps * 32, 0, stream>>>(p, token_fastest);
+    launch(reinterpret_cast<const void*>(&select_topk_kernel<CAP, true>), grid, warps * 32, 0, p, token_fastest,
+           stream);
   else
-    select_topk_kernel<CAP, false><<<static_cast<unsigned>(grid), warps * 32, 0, stream>>>(p, token_fastest);
-  MSA_CUDA_CHECK_LAUNCH();
+    launch(reinterpret_cast<const void*>(&select_topk_kernel<CAP, false>), grid, warps * 32, 0, p, token_fastest,
+           stream);
 }
 
 void launch_smem(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
   const int smem = (p.max_blocks + 31) / 32 * 32 * static_cast<int>(sizeof(uint32_t));
   auto kernel = select_topk_kernel<0, false>;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<static_cast<unsigned>(rows), 32, smem, stream>>>(p, token_fastest);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch(reinterpret_cast<const void*>(kernel), static_cast<unsigned>(rows), 32, smem, p, token_fastest, stream);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/pdl.cuh"
+
 namespace msa::detail::cuda::paged {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -40,21 +42,6 @@ __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
     case 2: cp_async_wait<2>(); break;
     default: cp_async_wait<3>(); break;
   }
-}
-
-// Programmatic dependent launch (sm_90+; no-ops before). A grid launched with the programmatic
-// stream-serialization attribute may start while the previous kernel of the stream still runs;
-// grid_dependency_wait() returns once that kernel has completed and its writes are visible.
-// allow_dependent_launch() lets the next such grid start once every CTA of this one has called it.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 }
 
 // Shared-memory operands are 32-bit shared-window addresses: half the registers of generic pointers,
