@@ -25,6 +25,7 @@
 
 #include <type_traits>
 
+#include "cuda/common/pdl.cuh"
 #include "cuda/indexer/device.cuh"
 #include "cuda/indexer/sm90_ptx.cuh"
 
@@ -93,6 +94,9 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
   constexpr int S = L::kStages;
   constexpr int C = L::kItemBlocks;
   const BlockScoresParams& p = a.p;
+  // The next kernel of a decode step (select_topk, launched with PDL) may be scheduled now; it waits in
+  // grid_dependency_wait() until these scores are complete, but its launch latency is hidden.
+  allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t ring = smem_u32(smem);

@@ -11,10 +11,6 @@
 //
 // The per-row work is proportional to the keys each lane holds, so a row is processed with the smallest
 // power-of-two number of keys per lane that covers its valid blocks (P-32K rows hold 1..256 blocks).
-// Rows of 8+ keys per lane first narrow the search (narrow_candidates): the k'-th largest of the 32 lane
-// maxima is a lower bound L of the row's k'-th largest key (k' distinct keys are >= it), so only keys >= L
-// can matter; on unsorted scores they are ~1.5 k' of the row (512 blocks: ~22 of 512), and the bitwise
-// search then runs over them compacted in shared memory, 2 per lane, instead of over 16 per lane.
 #pragma once
 
 #include <type_traits>
@@ -59,82 +55,35 @@ __device__ __forceinline__ int count_at_least(const Keys& keys, uint32_t x) {
   return __reduce_add_sync(kFullMask, c0 + c1);
 }
 
-// Per-warp shared memory of narrow_candidates: 2 keys per lane.
-inline constexpr int kTopkNarrowCap = 64;
-
-// The k'-th largest (k' <= 32) of the warp's 32 values v, by a bitwise search from their common prefix.
-__device__ __forceinline__ uint32_t warp_kth_largest(uint32_t v, int kp) {
-  const uint32_t mx = __reduce_max_sync(kFullMask, v), mn = __reduce_min_sync(kFullMask, v);
-  const uint32_t diff = mx ^ mn;
-  uint32_t x = diff ? (mx & ~(0xFFFFFFFFu >> __clz(diff))) : mx;
-  for (int bit = 31 - __clz(diff); bit >= 0 && diff; --bit) {
-    const uint32_t cand = x | (1u << bit);
-    if (__popc(__ballot_sync(kFullMask, v >= cand)) >= kp) x = cand;
-  }
-  return x;
-}
-
-// Copies the candidate keys (nonzero) >= the k'-th largest lane maximum into buf (this warp's
-// kTopkNarrowCap words, zero-padded). False when more than kTopkNarrowCap qualify (ties, adversarial
-// rows): the caller then searches all keys. The k'-th largest key of the row is among those copied.
+// Selects and writes one row; n > topk valid blocks, keys built for blocks [fb, n - fe).
 template <typename Keys>
-__device__ __forceinline__ bool narrow_candidates(const Keys& keys, uint32_t lane_max, int kp, uint32_t* buf) {
-  const int lane = threadIdx.x & 31;
-  const uint32_t lo = max(warp_kth_largest(lane_max, kp), 1u);
-  int n = 0;
-  keys.each([&](int, uint32_t k) {
-    const bool c = k >= lo;
-    const unsigned m = __ballot_sync(kFullMask, c);
-    const int at = n + __popc(m & ((1u << lane) - 1u));
-    if (c && at < kTopkNarrowCap) buf[at] = k;
-    n += __popc(m);
-  });
-  for (int j = n + lane; j < kTopkNarrowCap; j += 32) buf[j] = 0u;
-  __syncwarp();
-  return n <= kTopkNarrowCap;
-}
-
-// Selects and writes one row; n > topk valid blocks, keys built for blocks [fb, n - fe). narrow: this
-// warp's kTopkNarrowCap words of shared memory for narrow_candidates, or null.
-template <typename Keys>
-__device__ __forceinline__ void select_row(const Keys& keys, int n, const SelectTopkParams& p, int32_t* out,
-                                           uint32_t* narrow = nullptr) {
+__device__ __forceinline__ void select_row(const Keys& keys, int n, const SelectTopkParams& p, int32_t* out) {
   const int lane = threadIdx.x & 31;
   const unsigned lt = (1u << lane) - 1u;
   const int kp = p.topk - p.force_begin - p.force_end;  // blocks chosen by score
   uint32_t thr = 0xFFFFFFFFu;                            // above every key: nothing by score
   int need_eq = 0;                                       // > 0: take thr's lowest-index keys, this many
   if (kp > 0) {
-    // The search over a key set that holds the k'-th largest key and every key above it; cnt: its size.
-    auto search = [&](const auto& set, int cnt) {
-      uint32_t mx = 0, mn = 0xFFFFFFFFu;
-      set.each([&](int, uint32_t k) {
-        mx = max(mx, k);
-        mn = k ? min(mn, k) : mn;
-      });
-      mx = __reduce_max_sync(kFullMask, mx);
-      mn = __reduce_min_sync(kFullMask, mn);
-      // Every candidate lies in [mn, mx], so all share the bits above the highest bit where mx and mn
-      // differ: start there, with the count of keys >= thr = all candidates.
-      const uint32_t diff = mx ^ mn;
-      thr = diff ? (mx & ~(0xFFFFFFFFu >> __clz(diff))) : mx;
-      for (int bit = 31 - __clz(diff); bit >= 0 && cnt != kp; --bit) {
-        const uint32_t cand = thr | (1u << bit);
-        const int c = count_at_least(set, cand);
-        if (c >= kp) thr = cand, cnt = c;
-      }
-      // Every bit resolved and still more than k' keys >= thr: thr is the k'-th largest key and has
-      // ties; take the keys above it and the lowest-index ones equal to it (need_eq >= 1).
-      if (cnt != kp) need_eq = kp - count_at_least(set, thr + 1);
-    };
-    uint32_t lane_max = 0;
-    if (narrow != nullptr) keys.each([&](int, uint32_t k) { lane_max = max(lane_max, k); });
-    if (narrow != nullptr && kp <= 32 && narrow_candidates(keys, lane_max, kp, narrow)) {
-      const RegKeys<2> set{{narrow[lane], narrow[lane + 32]}};
-      search(set, count_at_least(set, 1u));
-    } else {
-      search(keys, n - p.force_begin - p.force_end);
+    uint32_t mx = 0, mn = 0xFFFFFFFFu;
+    keys.each([&](int, uint32_t k) {
+      mx = max(mx, k);
+      mn = k ? min(mn, k) : mn;
+    });
+    mx = __reduce_max_sync(kFullMask, mx);
+    mn = __reduce_min_sync(kFullMask, mn);
+    // Every candidate lies in [mn, mx], so all share the bits above the highest bit where mx and mn
+    // differ: start there, with the count of keys >= thr = all candidates.
+    const uint32_t diff = mx ^ mn;
+    thr = diff ? (mx & ~(0xFFFFFFFFu >> __clz(diff))) : mx;
+    int cnt = n - p.force_begin - p.force_end;
+    for (int bit = 31 - __clz(diff); bit >= 0 && cnt != kp; --bit) {
+      const uint32_t cand = thr | (1u << bit);
+      const int c = count_at_least(keys, cand);
+      if (c >= kp) thr = cand, cnt = c;
     }
+    // Every bit resolved and still more than k' keys >= thr: thr is the k'-th largest key and has ties;
+    // take the keys above it and the lowest-index ones equal to it (need_eq >= 1).
+    if (cnt != kp) need_eq = kp - count_at_least(keys, thr + 1);
   }
   int pos = 0, eq_seen = 0;
   keys.each([&](int i, uint32_t k) {
@@ -177,8 +126,6 @@ __device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
 template <int CAP, bool kDecode>
 __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams p, bool token_fastest) {
   extern __shared__ uint32_t smem_keys[];
-  constexpr bool kNarrow = CAP >= 8;  // rows of up to 8+ keys per lane narrow their search
-  __shared__ uint32_t narrow_buf[kNarrow ? 512 / 32 : 1][kNarrow ? kTopkNarrowCap : 1];
   grid_dependency_wait();
   allow_dependent_launch();
   const int lane = threadIdx.x & 31;
@@ -247,7 +194,7 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
           keys.k[i] = blk >= lo && blk < hi ? score_key(w[i]) : 0u;
         }
       }
-      select_row(keys, n, p, out, C >= 8 ? narrow_buf[(threadIdx.x >> 5) % (kNarrow ? 16 : 1)] : nullptr);
+      select_row(keys, n, p, out);
     });
   } else {
     uint32_t* buf = smem_keys + (threadIdx.x >> 5) * ((p.max_blocks + 31) / 32 * 32);
