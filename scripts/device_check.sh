@@ -3,7 +3,8 @@
 # Logs and result files are written to a staging folder and packed into $OUT/results.tgz at exit
 # (the device tool returns at most 8 files), with the console summary in $OUT/summary.txt. Usage:
 #   scripts/device_check.sh [build] [test[=PYTEST_ARGS]] [demo] [sanitize] [bench=NAME[:ARGS]] ...
-# e.g. scripts/device_check.sh build test bench=decode:--quick
+# e.g. MSA_COMMIT=<sha as git shows it here> scripts/device_check.sh build test bench=decode:--quick
+# (set MSA_COMMIT from this machine: the copy of the tree on the device carries a stale .git, if any)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}
