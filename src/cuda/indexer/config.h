@@ -63,12 +63,6 @@ inline constexpr int kPortableStages = 3;
 inline constexpr int kTopkMaxK = 64;
 // Batches with at most this many tokens per request take the decode form (speculative loads).
 inline constexpr int kTopkDecodeTokensPerRequest = 4;
-// Decode rows of an HKT layout are loaded by CTAs of 8 warps (8 consecutive tokens of a head: one
-// 32-byte sector per block) and transposed through shared memory, for rows of up to 16 keys per lane
-// (512 blocks, 64K tokens: 8 x 516 floats = 16.1 KB of static shared memory). H200, B=64 at 65536
-// tokens, before staging: HKT 6.22 us vs THK 5.75 us per call (graph replay, run of 2026-11-29).
-inline constexpr int kTopkStageWarps = 8;
-inline constexpr int kTopkStageMaxKeysPerLane = 16;
 inline constexpr int kTopkMaxRegBlocks = 32 * 64;    // 64 keys per lane: rows up to 2048 blocks (256K tokens)
 inline constexpr int kTopkMaxSmemBlocks = 1 << 15;   // longer rows: 128 KB of shared memory per row (4M tokens)
 

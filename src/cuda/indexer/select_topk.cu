@@ -37,13 +37,9 @@ template <int CAP>
 void launch_cap(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
   // Many rows (prefill): 16 warps per CTA, so that 16 consecutive tokens of an HKT layout share each
   // 128-byte line of scores in L1. Few rows (decode, 256 at B=64): 2 warps per CTA, one CTA per SM.
-  // Decode rows of an HKT layout: CTAs of kTopkStageWarps warps stage their rows (topk.cuh).
-  const bool decode = p.seqs.total_q <= kTopkDecodeTokensPerRequest * static_cast<int64_t>(p.seqs.batch_size);
-  const int warps = decode && token_fastest && CAP <= kTopkStageMaxKeysPerLane
-                        ? kTopkStageWarps
-                        : (rows >= 132 * 64 ? 16 : (rows >= 132 * 8 ? 4 : 2));
+  const int warps = rows >= 132 * 64 ? 16 : (rows >= 132 * 8 ? 4 : 2);
   const auto grid = static_cast<unsigned>((rows + warps - 1) / warps);
-  if (decode)
+  if (p.seqs.total_q <= kTopkDecodeTokensPerRequest * static_cast<int64_t>(p.seqs.batch_size))
     launch(reinterpret_cast<const void*>(&select_topk_kernel<CAP, true>), grid, warps * 32, 0, p, token_fastest,
            stream);
   else

@@ -122,10 +122,6 @@ __device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
 // kDecode (few tokens per request, host-known): the request of token t is guessed as t * B / T (exact
 // for uniform batches, checked, searched otherwise) and the row's scores and the guessed request's
 // lengths are loaded together, so a row costs one round trip to memory instead of three.
-// Decode rows of an HKT-like layout (token_fastest: a row's blocks T floats apart) are staged when the
-// CTA has kTopkStageWarps warps (launch_select_topk): its 8 rows are 8 consecutive tokens of one head
-// (T % 8 == 0) and one load instruction covers 4 blocks x 8 tokens, four 32-byte sectors, instead of 32
-// sectors for 32 blocks of one row; the rows are transposed through shared memory.
 // Launched with PDL on sm_90 (launch_select_topk): nothing is read before grid_dependency_wait().
 template <int CAP, bool kDecode>
 __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams p, bool token_fastest) {
@@ -135,12 +131,8 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
   const int lane = threadIdx.x & 31;
   const int warps = blockDim.x >> 5;
   const int64_t T = p.seqs.total_q;
-  const int64_t rows = T * p.num_heads;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5);
-  constexpr bool kCanStage = kDecode && CAP <= kTopkStageMaxKeysPerLane;
-  const bool staged = kCanStage && token_fastest && warps == kTopkStageWarps;  // CTA-uniform
-  const bool row_ok = row < rows;
-  if (!staged && !row_ok) return;  // a staged CTA returns after its barrier
+  if (row >= T * p.num_heads) return;
   const int64_t t = token_fastest ? row % T : row / p.num_heads;
   const int h = static_cast<int>(token_fastest ? row / T : row % p.num_heads);
   const float* srow = p.scores + t * p.s_stride_token + h * p.s_stride_head;
@@ -148,49 +140,20 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
 
   static_assert(!kDecode || CAP > 0, "decode rows are held in registers");
   float v[kDecode ? CAP : 1];
-  Request rq;
-  bool found = false;
   if constexpr (kDecode) {
-    // Staged: thread x loads blocks x / 8 + 32 i of the CTA's row x % 8 (the same row in every pass).
-    [[maybe_unused]] float w[kCanStage ? CAP : 1];
-    if constexpr (kCanStage) {
-      if (staged) {
-        const int64_t rj = static_cast<int64_t>(blockIdx.x) * kTopkStageWarps + threadIdx.x % kTopkStageWarps;
-        const bool ok = rj < rows;
-        const float* sj = p.scores + (ok ? (rj % T) * p.s_stride_token + (rj / T) * p.s_stride_head : 0);
 #pragma unroll
-        for (int i = 0; i < CAP; ++i) {
-          const int blk = static_cast<int>(threadIdx.x) / kTopkStageWarps + 32 * i;
-          w[i] = ok && blk < p.max_blocks ? __ldg(sj + blk * p.s_stride_block) : 0.f;
-        }
-      }
-    }
-    if (!staged) {
-#pragma unroll
-      for (int i = 0; i < CAP; ++i) {
-        const int blk = 32 * i + lane;
-        v[i] = __ldg(srow + (blk < p.max_blocks ? blk * p.s_stride_block : 0));
-      }
-    }
-    if (row_ok) {
-      rq = load_request(p.seqs, static_cast<int>(t * p.seqs.batch_size / T));  // its loads issue together
-      found = rq.q_begin <= t && t < rq.q_begin + rq.q_len;
-    }
-    if constexpr (kCanStage) {
-      if (staged) {
-        // Row stride 32 CAP + 4 words: a store instruction's 4 blocks x 8 rows hit 32 distinct banks.
-        __shared__ float stage[kTopkStageWarps][32 * CAP + 4];
-#pragma unroll
-        for (int i = 0; i < CAP; ++i)
-          stage[threadIdx.x % kTopkStageWarps][threadIdx.x / kTopkStageWarps + 32 * i] = w[i];
-        __syncthreads();
-        if (!row_ok) return;
-#pragma unroll
-        for (int i = 0; i < CAP; ++i) v[i] = stage[threadIdx.x >> 5][32 * i + lane];
-      }
+    for (int i = 0; i < CAP; ++i) {
+      const int blk = 32 * i + lane;
+      v[i] = __ldg(srow + (blk < p.max_blocks ? blk * p.s_stride_block : 0));
     }
   }
   auto indptr = [&](int i) { return clamp_to<int64_t>(p.seqs.qo_indptr[i], 0, T); };
+  Request rq;
+  bool found = false;
+  if constexpr (kDecode) {
+    rq = load_request(p.seqs, static_cast<int>(t * p.seqs.batch_size / T));  // its loads issue together
+    found = rq.q_begin <= t && t < rq.q_begin + rq.q_len;
+  }
   if (!found) {
     const int b = warp_last_le(p.seqs.batch_size, t, indptr);
     if (b < 0) return;
