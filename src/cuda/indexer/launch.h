@@ -30,4 +30,21 @@ void launch_scores_portable(const BlockScoresParams& p, cudaStream_t stream);
 
 void launch_select_topk(const SelectTopkParams& p, cudaStream_t stream);
 
+// Calls f(QT*, KT*) (null pointers as type tags) with the (query, index-key) element types of p:
+// QT = __nv_bfloat16 or __half; KT = QT, or Fp8Tag (scores_stream.cuh) for fp8 e4m3 keys.
+template <typename Fp8, typename Bf16, typename F16, typename F>
+void with_score_types(const BlockScoresParams& p, F&& f) {
+  const bool q_bf16 = p.q_dtype == ScalarType::kBF16;
+  if (p.k_dtype == ScalarType::kF8E4M3) {
+    if (q_bf16)
+      f(static_cast<Bf16*>(nullptr), static_cast<Fp8*>(nullptr));
+    else
+      f(static_cast<F16*>(nullptr), static_cast<Fp8*>(nullptr));
+  } else if (q_bf16) {
+    f(static_cast<Bf16*>(nullptr), static_cast<Bf16*>(nullptr));
+  } else {
+    f(static_cast<F16*>(nullptr), static_cast<F16*>(nullptr));
+  }
+}
+
 }  // namespace msa::detail::cuda::indexer

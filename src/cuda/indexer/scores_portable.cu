@@ -1,4 +1,6 @@
 // Launch of the portable (mma.sync) prefill block-scores kernel: one instantiation per (q dtype, key dtype).
+#include <type_traits>
+
 #include "cuda/common/check.cuh"
 #include "cuda/indexer/launch.h"
 #include "cuda/indexer/scores_portable.cuh"
@@ -28,17 +30,9 @@ void launch(const BlockScoresParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_scores_portable(const BlockScoresParams& p, cudaStream_t stream) {
-  const bool q_bf16 = p.q_dtype == ScalarType::kBF16;
-  if (p.k_dtype == ScalarType::kF8E4M3) {
-    if (q_bf16)
-      launch<__nv_bfloat16, Fp8Tag>(p, stream);
-    else
-      launch<__half, Fp8Tag>(p, stream);
-  } else if (q_bf16) {
-    launch<__nv_bfloat16, __nv_bfloat16>(p, stream);
-  } else {
-    launch<__half, __half>(p, stream);
-  }
+  with_score_types<Fp8Tag, __nv_bfloat16, __half>(p, [&](auto* q, auto* k) {
+    launch<std::remove_pointer_t<decltype(q)>, std::remove_pointer_t<decltype(k)>>(p, stream);
+  });
 }
 
 }  // namespace msa::detail::cuda::indexer
