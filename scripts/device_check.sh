@@ -2,7 +2,12 @@
 # One call on a GPU machine: build for the local GPU, run the GPU tests and (optionally) benchmarks.
 # Logs and result files are written to a staging folder and packed into $OUT/results.tgz at exit
 # (the device tool returns at most 8 files), with the console summary in $OUT/summary.txt. Usage:
-#   scripts/device_check.sh [build] [test[=PYTEST_ARGS]] [demo] [sanitize] [bench=NAME[:ARGS]] ...
+#   scripts/device_check.sh [build] [test[=PYTEST_ARGS]] [demo] [sanitize=SCRIPT] [bench=NAME[:ARGS]]
+#                           [ncu=KERNEL_REGEX@NAME[:ARGS]] ...
+# bench/ncu ARGS are comma-separated (commas become spaces). ncu profiles the 21st matching launch of
+# bench/NAME.py with the full section set and source counters into ncu_NAME.ncu-rep, and exports its
+# details and per-line source page (SASS with CUDA lines) as text beside it, e.g.
+#   ncu=paged_attention@decode:--only,D-B1,--iters,3
 # e.g. MSA_COMMIT=<sha as git shows it here> scripts/device_check.sh build test bench=decode:--quick
 # (set MSA_COMMIT from this machine: the copy of the tree on the device carries a stale .git, if any)
 set -uo pipefail
@@ -48,6 +53,16 @@ for stage in "$@"; do
       step "bench $name $bargs"
       python3 "bench/$name.py" ${bargs//,/ } 2>&1 | tee "$OUT/bench_$name.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+    ncu=*)
+      spec=${stage#ncu=}; regex=${spec%%@*}; spec=${spec#*@}; name=${spec%%:*}; bargs=""
+      [ "$spec" != "$name" ] && bargs=${spec#*:}
+      step "ncu $regex on bench $name $bargs"
+      rep="$OUT/ncu_$name"
+      ncu -k "regex:$regex" --launch-skip 20 --launch-count 1 --set full --import-source yes -f -o "$rep" \
+        python3 "bench/$name.py" ${bargs//,/ } > "$OUT/ncu_${name}_run.log" 2>&1 || rc=1
+      ncu -i "$rep.ncu-rep" --page details --print-details all > "$OUT/ncu_${name}_details.txt" 2>&1
+      ncu -i "$rep.ncu-rep" --page source --print-source cuda,sass --csv > "$OUT/ncu_${name}_source.csv" 2>&1
+      grep -E "Duration|Registers Per|Achieved Occ" "$OUT/ncu_${name}_details.txt" | head -5 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
