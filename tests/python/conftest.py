@@ -7,8 +7,17 @@ import os
 import sys
 import zlib
 
-import numpy as np
-import pytest
+# One BLAS / OpenMP thread per test process, set before numpy loads OpenBLAS. The references multiply
+# small matrices (16 heads x 128 x a few thousand keys), where threads only add synchronization, and
+# under pytest-xdist every worker would start one spinning BLAS thread per core: 4 processes running
+# the float64 attention reference on 2 cores took 34-85 s each with the default threads and 3.7-3.9 s
+# with one (1.55 vs 2.15 s alone). That oversubscription is what made `-n 4` GPU runs on the 16-core
+# device slower than sequential ones. An explicit setting in the environment wins.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
