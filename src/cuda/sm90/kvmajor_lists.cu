@@ -227,13 +227,119 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
   }
 }
 
+// The pipelined merge (MSA_SM90_KV_MERGE=2; not yet run on a GPU, see kvmajor_lists.h): merge_tile
+// reads a row in three dependent round trips (slot ranks, then the lse of the ranked slots, then the
+// partial rows of the weighted slots) and a warp walks its 16 rows one after the other, so on average a
+// warp has a third of one row's 4 KB in flight: the 8.6 GB of M3-TP1 P-32K `random` moved at 2.8 TB/s.
+// Here the ranks, the lse values and the first kMergeSlots partial rows of kMergeRowsInFlight rows are
+// all loaded before any is used: one round trip per pair of rows, 8 KB in flight per warp. Partial rows
+// of slots without a partial are read too (they lie inside the window's buffer, and are rarely more than
+// the causal head of a sequence) but never used: a slot of weight 0 is skipped instead of multiplied, so
+// the sums, taken in slot order as in merge_tile, are bitwise those of merge_tile.
+constexpr int kMergeRowsInFlight = 2;
+
+template <typename Elem>
+__device__ __forceinline__ void merge_tile_pipelined(const KvMergeParams& p, int32_t local_tile) {
+  const KvLists& L = p.lists;
+  const int32_t tile = p.window * L.window_tiles + local_tile;
+  if (tile >= live_tiles(p.sched, p.seqs.batch_size) || p.kv_major[tile] == 0) return;
+  const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
+  const SeqView v = load_seq(p.seqs, c.request);
+  const int32_t group = 1 << p.group_shift;
+  const int lane = threadIdx.x & 31;
+  const int64_t slot_stride = static_cast<int64_t>(group) * kHeadDim;
+  constexpr int kWarps = kMergeThreads / 32;
+  constexpr int R = kMergeRowsInFlight;
+  for (int r0 = threadIdx.x >> 5; r0 < kTileRows; r0 += kWarps * R) {
+    bool valid[R];
+    int32_t rank_lo[R], rank_hi[R], head[R], qi[R];
+    float lse_lo[R], lse_hi[R];
+    int64_t local0[R];
+    uint2 raw[R][kMergeSlots];
+#pragma unroll
+    for (int k = 0; k < R; ++k) {  // issue every load of the R rows
+      const int r = r0 + k * kWarps;
+      const int32_t i = r >> p.group_shift;
+      head[k] = r & (group - 1);
+      qi[k] = c.chunk * p.sched.tile_tokens + i;
+      valid[k] = r < kTileRows && qi[k] < v.qo_len;  // warp-uniform
+      const int64_t entry0 = static_cast<int64_t>(tile) * L.list_capacity + i * L.topk;
+      local0[k] = static_cast<int64_t>(local_tile) * L.list_capacity + i * L.topk;
+      rank_lo[k] = rank_hi[k] = -1;
+      lse_lo[k] = lse_hi[k] = -INFINITY;
+      if (!valid[k]) continue;
+      if (lane < L.topk) {
+        rank_lo[k] = L.entry_rank[entry0 + lane];
+        lse_lo[k] = L.part_lse[(local0[k] + lane) * group + head[k]];
+      }
+      if (lane + 32 < L.topk) {
+        rank_hi[k] = L.entry_rank[entry0 + lane + 32];
+        lse_hi[k] = L.part_lse[(local0[k] + lane + 32) * group + head[k]];
+      }
+      const Elem* src = static_cast<const Elem*>(L.part_o) + (local0[k] * group + head[k]) * kHeadDim + 4 * lane;
+#pragma unroll
+      for (int j = 0; j < kMergeSlots; ++j)
+        raw[k][j] = j < L.topk ? *reinterpret_cast<const uint2*>(src + j * slot_stride) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      if (!valid[k]) continue;
+      // Weights of slots lane and lane + 32, as in merge_tile.
+      float w_lo = rank_lo[k] >= 0 ? lse_lo[k] : -INFINITY, w_hi = rank_hi[k] >= 0 ? lse_hi[k] : -INFINITY;
+      float mx = fmaxf(w_lo, w_hi);
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, d));
+      const float base = mx == -INFINITY ? 0.f : mx;
+      w_lo = fast_exp2(w_lo - base);  // -inf -> 0
+      w_hi = fast_exp2(w_hi - base);
+      const Elem* src = static_cast<const Elem*>(L.part_o) + (local0[k] * group + head[k]) * kHeadDim + 4 * lane;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      float wsum = 0.f;
+      for (int s0 = 0; s0 < L.topk; s0 += kMergeSlots) {
+        if (s0 > 0) {  // top-k above kMergeSlots: the further slots, a chunk at a time
+#pragma unroll
+          for (int j = 0; j < kMergeSlots; ++j)
+            raw[k][j] = s0 + j < L.topk ? *reinterpret_cast<const uint2*>(src + (s0 + j) * slot_stride)
+                                        : make_uint2(0u, 0u);
+        }
+#pragma unroll
+        for (int j = 0; j < kMergeSlots; ++j) {  // slot order, as merge_tile
+          const int sl = s0 + j;                 // <= 63: w_hi covers slots 32..63
+          float w = __shfl_sync(~0u, sl < 32 ? w_lo : w_hi, sl & 31);
+          if (sl >= L.topk) w = 0.f;
+          wsum += w;
+          if (w > 0.f) {  // a weight-0 slot's row may be garbage: skipped, never multiplied
+            const float4 x = unpack4<Elem>(raw[k][j]);
+            acc.x = fmaf(w, x.x, acc.x);
+            acc.y = fmaf(w, x.y, acc.y);
+            acc.z = fmaf(w, x.z, acc.z);
+            acc.w = fmaf(w, x.w, acc.w);
+          }
+        }
+      }
+      const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+      const int64_t tok = static_cast<int64_t>(v.qo_start) + qi[k];
+      const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head[k];
+      store4(static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head + 4 * lane,
+             make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
+      if (p.lse != nullptr && lane == 0)
+        p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
+            wsum > 0.f ? (base + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
+    }
+  }
+}
+
 // One CTA per tile of the window, one warp per (token, head) row; lane l merges dims 4l..4l+3. A
 // window without KV-major tiles returns at once. (A grid of 2048 CTAs striding over the tiles ran
 // 3.19 ms at M3-TP1 P-32K `random` where one CTA a tile had run 2.90 ms, in separate runs.)
-template <typename Elem>
-__global__ void __launch_bounds__(kMergeThreads) kv_merge_kernel(KvMergeParams p) {
+// The pipelined form is held to 128 registers (2 CTAs, 16 warps per SM; 142 unbounded, i.e. 1 CTA).
+template <typename Elem, bool kPipelined>
+__global__ void __launch_bounds__(kMergeThreads, kPipelined ? 2 : 1) kv_merge_kernel(KvMergeParams p) {
   if (p.lists.window_kv_tiles[p.window] == 0) return;
-  merge_tile<Elem>(p, blockIdx.x);
+  if constexpr (kPipelined)
+    merge_tile_pipelined<Elem>(p, blockIdx.x);
+  else
+    merge_tile<Elem>(p, blockIdx.x);
 }
 
 }  // namespace
@@ -253,14 +359,17 @@ void launch_kv_fill(const KvListParams& p, cudaStream_t stream) {
   MSA_CUDA_CHECK_LAUNCH();
 }
 
-void launch_kv_merge(const KvMergeParams& p, cudaStream_t stream) {
+void launch_kv_merge(const KvMergeParams& p, bool pipelined, cudaStream_t stream) {
   const int32_t first = p.window * p.lists.window_tiles;
   const int32_t tiles = std::min(p.lists.window_tiles, p.sched.num_tiles - first);
   if (tiles <= 0) return;
-  if (p.dtype == ScalarType::kBF16)
-    kv_merge_kernel<__nv_bfloat16><<<tiles, kMergeThreads, 0, stream>>>(p);
+  const bool bf16 = p.dtype == ScalarType::kBF16;
+  if (pipelined)
+    bf16 ? kv_merge_kernel<__nv_bfloat16, true><<<tiles, kMergeThreads, 0, stream>>>(p)
+         : kv_merge_kernel<__half, true><<<tiles, kMergeThreads, 0, stream>>>(p);
   else
-    kv_merge_kernel<__half><<<tiles, kMergeThreads, 0, stream>>>(p);
+    bf16 ? kv_merge_kernel<__nv_bfloat16, false><<<tiles, kMergeThreads, 0, stream>>>(p)
+         : kv_merge_kernel<__half, false><<<tiles, kMergeThreads, 0, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
