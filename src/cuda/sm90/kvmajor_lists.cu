@@ -234,8 +234,9 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
 // Here the ranks, the lse values and the first kMergeSlots partial rows of kMergeRowsInFlight rows are
 // all loaded before any is used: one round trip per pair of rows, 8 KB in flight per warp. Partial rows
 // of slots without a partial are read too (they lie inside the window's buffer, and are rarely more than
-// the causal head of a sequence) but never used: a slot of weight 0 is skipped instead of multiplied, so
-// the sums, taken in slot order as in merge_tile, are bitwise those of merge_tile.
+// the causal head of a sequence) but never used: a slot of weight 0 is skipped instead of multiplied
+// (merge_tile multiplies 0 by a zeroed row: acc + 0 = acc, since acc, starting at +0, is never -0), so the
+// sums, taken in slot order as in merge_tile, are bitwise those of merge_tile, NaN weights included.
 constexpr int kMergeRowsInFlight = 2;
 
 template <typename Elem>
@@ -308,7 +309,9 @@ __device__ __forceinline__ void merge_tile_pipelined(const KvMergeParams& p, int
           float w = __shfl_sync(~0u, sl < 32 ? w_lo : w_hi, sl & 31);
           if (sl >= L.topk) w = 0.f;
           wsum += w;
-          if (w > 0.f) {  // a weight-0 slot's row may be garbage: skipped, never multiplied
+          // A weight-0 slot's row may be garbage: skipped, never multiplied. Any other weight, NaN
+          // included (a NaN lse), is multiplied as merge_tile does: NaN stays NaN, bit for bit.
+          if (w != 0.f) {
             const float4 x = unpack4<Elem>(raw[k][j]);
             acc.x = fmaf(w, x.x, acc.x);
             acc.y = fmaf(w, x.y, acc.y);
