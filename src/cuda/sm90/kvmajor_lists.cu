@@ -335,14 +335,18 @@ __device__ __forceinline__ void merge_tile_pipelined(const KvMergeParams& p, int
 // One CTA per tile of the window, one warp per (token, head) row; lane l merges dims 4l..4l+3. A
 // window without KV-major tiles returns at once. (A grid of 2048 CTAs striding over the tiles ran
 // 3.19 ms at M3-TP1 P-32K `random` where one CTA a tile had run 2.90 ms, in separate runs.)
-// The pipelined form is held to 128 registers (2 CTAs, 16 warps per SM; 142 unbounded, i.e. 1 CTA).
-template <typename Elem, bool kPipelined>
-__global__ void __launch_bounds__(kMergeThreads, kPipelined ? 2 : 1) kv_merge_kernel(KvMergeParams p) {
+template <typename Elem>
+__global__ void __launch_bounds__(kMergeThreads) kv_merge_kernel(KvMergeParams p) {
   if (p.lists.window_kv_tiles[p.window] == 0) return;
-  if constexpr (kPipelined)
-    merge_tile_pipelined<Elem>(p, blockIdx.x);
-  else
-    merge_tile<Elem>(p, blockIdx.x);
+  merge_tile<Elem>(p, blockIdx.x);
+}
+
+// The same grid with merge_tile_pipelined, held to 128 registers (2 CTAs, 16 warps per SM; 142 unbounded,
+// i.e. 1 CTA per SM).
+template <typename Elem>
+__global__ void __launch_bounds__(kMergeThreads, 2) kv_merge_pipelined_kernel(KvMergeParams p) {
+  if (p.lists.window_kv_tiles[p.window] == 0) return;
+  merge_tile_pipelined<Elem>(p, blockIdx.x);
 }
 
 }  // namespace
@@ -368,11 +372,11 @@ void launch_kv_merge(const KvMergeParams& p, bool pipelined, cudaStream_t stream
   if (tiles <= 0) return;
   const bool bf16 = p.dtype == ScalarType::kBF16;
   if (pipelined)
-    bf16 ? kv_merge_kernel<__nv_bfloat16, true><<<tiles, kMergeThreads, 0, stream>>>(p)
-         : kv_merge_kernel<__half, true><<<tiles, kMergeThreads, 0, stream>>>(p);
+    bf16 ? kv_merge_pipelined_kernel<__nv_bfloat16><<<tiles, kMergeThreads, 0, stream>>>(p)
+         : kv_merge_pipelined_kernel<__half><<<tiles, kMergeThreads, 0, stream>>>(p);
   else
-    bf16 ? kv_merge_kernel<__nv_bfloat16, false><<<tiles, kMergeThreads, 0, stream>>>(p)
-         : kv_merge_kernel<__half, false><<<tiles, kMergeThreads, 0, stream>>>(p);
+    bf16 ? kv_merge_kernel<__nv_bfloat16><<<tiles, kMergeThreads, 0, stream>>>(p)
+         : kv_merge_kernel<__half><<<tiles, kMergeThreads, 0, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
