@@ -206,7 +206,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="M3-TP1 only, the workloads with bars, fewer iterations")
     ap.add_argument("--shape", choices=sorted(SHAPES), action="append", help="restrict to a shape (repeatable)")
     ap.add_argument("--sweep-splits", action="store_true", help="also time max_splits 1/2/4/8/16 at B <= 32")
-    ap.add_argument("--only", default=None, help="comma-separated workload names to run (e.g. D-B1,D-mtp)")
+    ap.add_argument("--only", nargs="+", default=None,
+                    help="workload names to run, comma- or space-separated (e.g. D-B1,D-mtp or D-B1 D-mtp; "
+                         "scripts/device_check.sh turns commas into spaces)")
     ap.add_argument("--iters", type=int, default=None, help="graph replays timed (default 20 quick, 50 full)")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
     args = ap.parse_args()
@@ -218,7 +220,8 @@ def main():
     rng = np.random.default_rng(2026)
     ws = workloads(args.quick, rng)
     if args.only:
-        ws = [w for w in ws if w.name in set(args.only.split(","))]
+        names = {n for arg in args.only for n in arg.split(",") if n}
+        ws = [w for w in ws if w.name in names]
     for shape in shapes:
         bench_shape(shape, ws, ceil, args, rows)
     write_results("decode", ceil, rows, args.out_dir)
