@@ -308,6 +308,19 @@ def ref_select_topk(scores_thk, qo_indptr, kv_lens, topk, qo_offset=None, force_
     return out
 
 
+def ref_merge_states(v, lse):
+    """float64 merge of v [S, T, H, D] by lse [S, T, H] (natural log); a part at lse = -inf weighs
+    nothing and its v is never read (NaN there is ignored); rows whose parts are all -inf give 0 and -inf."""
+    v, lse = np.asarray(v, np.float64), np.asarray(lse, np.float64)
+    m = np.max(lse, axis=0)
+    finite = ~np.isneginf(m)
+    w = np.where(finite, np.exp(lse - np.where(finite, m, 0.0)), 0.0)
+    total = w.sum(axis=0)
+    o = np.where(finite[..., None], (w[..., None] * np.nan_to_num(v)).sum(axis=0)
+                 / np.where(finite, total, 1.0)[..., None], 0.0)
+    return o, np.where(finite, m + np.log(np.where(finite, total, 1.0)), -np.inf)
+
+
 def rel_l2(x, ref) -> float:
     x = np.asarray(x, np.float64)
     ref = np.asarray(ref, np.float64)

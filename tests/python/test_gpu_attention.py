@@ -248,16 +248,6 @@ def test_bad_pages_and_lengths_do_not_crash(rng):
 
 # ---- merge_states and build_page_table ----------------------------------------------------------------
 
-def ref_merge(v, lse):
-    v, lse = np.asarray(v, np.float64), np.asarray(lse, np.float64)
-    m = np.max(lse, axis=0)
-    finite = ~np.isneginf(m)
-    w = np.where(finite, np.exp(lse - np.where(finite, m, 0.0)), 0.0)
-    total = w.sum(axis=0)
-    o = np.where(finite[..., None], (w[..., None] * v).sum(axis=0) / np.where(finite, total, 1.0)[..., None], 0.0)
-    return o, np.where(finite, m + np.log(np.where(finite, total, 1.0)), -np.inf)
-
-
 @pytest.mark.parametrize("parts_dtype,out_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
                                                    (torch.float16, torch.float16)])
 def test_merge_states(rng, parts_dtype, out_dtype):
@@ -270,7 +260,7 @@ def test_merge_states(rng, parts_dtype, out_dtype):
     out = torch.full((T, H, D), float("nan"), device=DEV, dtype=out_dtype)
     lse_out = torch.full((T, H), float("nan"), device=DEV)
     msa.merge_states(v, lse, out=out, lse_out=lse_out)
-    o_ref, l_ref = ref_merge(v.float().cpu().numpy(), lse_np)
+    o_ref, l_ref = mt.ref_merge_states(v.float().cpu().numpy(), lse_np)
     mt.assert_close(out.float().cpu().numpy(), o_ref, rel=1e-2, atol=2e-2)
     mt.assert_lse_close(lse_out.cpu().numpy(), l_ref, atol=1e-4)
     # the CPU backend on the same parts
