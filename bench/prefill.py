@@ -25,7 +25,7 @@ the cuDNN output (dense).
 
 Experiments (one process, one set of ceilings):
   --variants 'NAME:VAR=V,VAR=V;NAME2:...'  repeat every msa row with these environment settings (read at
-                                           plan time: MSA_SM90_KV_TMA_STORE, MSA_SM90_KV_MERGE, MSA_SM90_KV_SUBWINDOW_TILES,
+                                           plan time: MSA_SM90_KV_TMA_STORE, MSA_SM90_KV_SUBWINDOW_TILES,
                                            ...); rows are named msa[NAME] / msa-qmajor[NAME] ...
   --modes auto,qmajor,kvmajor              decompositions timed per sparse pattern (default: auto, or all
                                            three without --quick)

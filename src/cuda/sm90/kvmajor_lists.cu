@@ -165,82 +165,19 @@ __device__ __forceinline__ void store4(Elem* p, float4 v) {
 constexpr int kMergeSlots = 16;
 static_assert(kMaxTopk <= 64 && kMaxTopk % kMergeSlots == 0, "a merge warp holds 64 slots' lse in two registers");
 
-template <typename Elem>
-__device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local_tile) {
-  const KvLists& L = p.lists;
-  const int32_t tile = p.window * L.window_tiles + local_tile;
-  if (tile >= live_tiles(p.sched, p.seqs.batch_size) || p.kv_major[tile] == 0) return;
-  const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
-  const SeqView v = load_seq(p.seqs, c.request);
-  const int32_t group = 1 << p.group_shift;
-  const int lane = threadIdx.x & 31;
-  const int64_t slot_stride = static_cast<int64_t>(group) * kHeadDim;  // elements between a row's slots
-  for (int r = threadIdx.x >> 5; r < kTileRows; r += kMergeThreads / 32) {
-    const int32_t i = r >> p.group_shift, head = r & (group - 1);
-    const int32_t qi = c.chunk * p.sched.tile_tokens + i;
-    if (qi >= v.qo_len) continue;
-    const int64_t entry0 = static_cast<int64_t>(tile) * L.list_capacity + i * L.topk;  // slot 0, global
-    const int64_t local0 = static_cast<int64_t>(local_tile) * L.list_capacity + i * L.topk;
-    // Lane l weighs slots l and l + 32 (exp2 of lse - max); the loads below take the weights by shuffle.
-    float w_lo = -INFINITY, w_hi = -INFINITY;
-    if (lane < L.topk && L.entry_rank[entry0 + lane] >= 0) w_lo = L.part_lse[(local0 + lane) * group + head];
-    if (lane + 32 < L.topk && L.entry_rank[entry0 + lane + 32] >= 0)
-      w_hi = L.part_lse[(local0 + lane + 32) * group + head];
-    float mx = fmaxf(w_lo, w_hi);
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, d));
-    const float base = mx == -INFINITY ? 0.f : mx;
-    w_lo = fast_exp2(w_lo - base);  // -inf -> 0
-    w_hi = fast_exp2(w_hi - base);
-    const Elem* src = static_cast<const Elem*>(L.part_o) + (local0 * group + head) * kHeadDim + 4 * lane;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float wsum = 0.f;
-    for (int s0 = 0; s0 < L.topk; s0 += kMergeSlots) {
-      uint2 raw[kMergeSlots];
-      float w[kMergeSlots];
-#pragma unroll
-      for (int j = 0; j < kMergeSlots; ++j) {
-        const int s = s0 + j;  // <= 63 (s0 <= kMaxTopk - 16): w_hi covers slots 32..63
-        w[j] = __shfl_sync(~0u, s < 32 ? w_lo : w_hi, s & 31);
-        raw[j] = make_uint2(0u, 0u);
-        if (s < L.topk && w[j] > 0.f) raw[j] = *reinterpret_cast<const uint2*>(src + s * slot_stride);
-      }
-#pragma unroll
-      for (int j = 0; j < kMergeSlots; ++j) {  // slot order: the result does not depend on timing
-        if (s0 + j >= L.topk) w[j] = 0.f;
-        const float4 x = unpack4<Elem>(raw[j]);
-        wsum += w[j];
-        acc.x = fmaf(w[j], x.x, acc.x);
-        acc.y = fmaf(w[j], x.y, acc.y);
-        acc.z = fmaf(w[j], x.z, acc.z);
-        acc.w = fmaf(w[j], x.w, acc.w);
-      }
-    }
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    const int64_t tok = static_cast<int64_t>(v.qo_start) + qi;
-    const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head;
-    store4(static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head + 4 * lane,
-           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
-    if (p.lse != nullptr && lane == 0)
-      p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
-          wsum > 0.f ? (base + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
-  }
-}
-
-// The pipelined merge (MSA_SM90_KV_MERGE=2; not yet run on a GPU, see kvmajor_lists.h): merge_tile
-// reads a row in three dependent round trips (slot ranks, then the lse of the ranked slots, then the
-// partial rows of the weighted slots) and a warp walks its 16 rows one after the other, so on average a
-// warp has a third of one row's 4 KB in flight: the 8.6 GB of M3-TP1 P-32K `random` moved at 2.8 TB/s.
-// Here the ranks, the lse values and the first kMergeSlots partial rows of kMergeRowsInFlight rows are
-// all loaded before any is used: one round trip per pair of rows, 8 KB in flight per warp. Partial rows
-// of slots without a partial are read too (they lie inside the window's buffer, and are rarely more than
-// the causal head of a sequence) but never used: a slot of weight 0 is skipped instead of multiplied
-// (merge_tile multiplies 0 by a zeroed row: acc + 0 = acc, since acc, starting at +0, is never -0), so the
-// sums, taken in slot order as in merge_tile, are bitwise those of merge_tile, NaN weights included.
+// A warp merges kMergeRowsInFlight (token, head) rows at a time, and issues every load of them (slot
+// ranks, lse values, the first kMergeSlots partial rows) before it uses any: one round trip per pair of
+// rows, 8 KB in flight per warp. The first merge read a row in three dependent round trips (ranks, then
+// the lse of the ranked slots, then the rows of the weighted slots), one row after the other, and moved
+// the 8.6 GB of M3-TP1 P-32K `random` at 2.8 TB/s; this one took that workload from 230.4 to 260.2
+// TFLOP/s, P-chunk from 197.8 to 238.2 (bench/results/prefill-20261129-f6c2538-merge-variants.md, same
+// run, bitwise equal outputs). Partial rows of slots without a partial are read too (they lie inside the
+// window's buffer) but never used: a slot of weight 0 is skipped, not multiplied, so garbage there can
+// not reach the sum; sums are taken in slot order, so the result does not depend on timing.
 constexpr int kMergeRowsInFlight = 2;
 
 template <typename Elem>
-__device__ __forceinline__ void merge_tile_pipelined(const KvMergeParams& p, int32_t local_tile) {
+__device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local_tile) {
   const KvLists& L = p.lists;
   const int32_t tile = p.window * L.window_tiles + local_tile;
   if (tile >= live_tiles(p.sched, p.seqs.batch_size) || p.kv_major[tile] == 0) return;
@@ -285,7 +222,7 @@ __device__ __forceinline__ void merge_tile_pipelined(const KvMergeParams& p, int
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       if (!valid[k]) continue;
-      // Weights of slots lane and lane + 32, as in merge_tile.
+      // Lane l weighs slots l and l + 32 (exp2 of lse - max); the sums take them by shuffle.
       float w_lo = rank_lo[k] >= 0 ? lse_lo[k] : -INFINITY, w_hi = rank_hi[k] >= 0 ? lse_hi[k] : -INFINITY;
       float mx = fmaxf(w_lo, w_hi);
 #pragma unroll
@@ -304,13 +241,13 @@ __device__ __forceinline__ void merge_tile_pipelined(const KvMergeParams& p, int
                                         : make_uint2(0u, 0u);
         }
 #pragma unroll
-        for (int j = 0; j < kMergeSlots; ++j) {  // slot order, as merge_tile
+        for (int j = 0; j < kMergeSlots; ++j) {  // slot order
           const int sl = s0 + j;                 // <= 63: w_hi covers slots 32..63
           float w = __shfl_sync(~0u, sl < 32 ? w_lo : w_hi, sl & 31);
           if (sl >= L.topk) w = 0.f;
           wsum += w;
           // A weight-0 slot's row may be garbage: skipped, never multiplied. Any other weight, NaN
-          // included (a NaN lse), is multiplied as merge_tile does: NaN stays NaN, bit for bit.
+          // included (a NaN lse), is multiplied: NaN stays NaN.
           if (w != 0.f) {
             const float4 x = unpack4<Elem>(raw[k][j]);
             acc.x = fmaf(w, x.x, acc.x);
@@ -332,21 +269,14 @@ __device__ __forceinline__ void merge_tile_pipelined(const KvMergeParams& p, int
   }
 }
 
-// One CTA per tile of the window, one warp per (token, head) row; lane l merges dims 4l..4l+3. A
-// window without KV-major tiles returns at once. (A grid of 2048 CTAs striding over the tiles ran
-// 3.19 ms at M3-TP1 P-32K `random` where one CTA a tile had run 2.90 ms, in separate runs.)
+// One CTA per tile of the window; lane l merges dims 4l..4l+3. A window without KV-major tiles returns
+// at once. (A grid of 2048 CTAs striding over the tiles ran 3.19 ms at M3-TP1 P-32K `random` where one
+// CTA a tile had run 2.90 ms, in separate runs.) Held to 128 registers: 2 CTAs, 16 warps per SM (142
+// unbounded, i.e. 1 CTA per SM).
 template <typename Elem>
-__global__ void __launch_bounds__(kMergeThreads) kv_merge_kernel(KvMergeParams p) {
+__global__ void __launch_bounds__(kMergeThreads, 2) kv_merge_kernel(KvMergeParams p) {
   if (p.lists.window_kv_tiles[p.window] == 0) return;
   merge_tile<Elem>(p, blockIdx.x);
-}
-
-// The same grid with merge_tile_pipelined, held to 128 registers (2 CTAs, 16 warps per SM; 142 unbounded,
-// i.e. 1 CTA per SM).
-template <typename Elem>
-__global__ void __launch_bounds__(kMergeThreads, 2) kv_merge_pipelined_kernel(KvMergeParams p) {
-  if (p.lists.window_kv_tiles[p.window] == 0) return;
-  merge_tile_pipelined<Elem>(p, blockIdx.x);
 }
 
 }  // namespace
@@ -366,17 +296,13 @@ void launch_kv_fill(const KvListParams& p, cudaStream_t stream) {
   MSA_CUDA_CHECK_LAUNCH();
 }
 
-void launch_kv_merge(const KvMergeParams& p, bool pipelined, cudaStream_t stream) {
+void launch_kv_merge(const KvMergeParams& p, cudaStream_t stream) {
   const int32_t first = p.window * p.lists.window_tiles;
   const int32_t tiles = std::min(p.lists.window_tiles, p.sched.num_tiles - first);
   if (tiles <= 0) return;
   const bool bf16 = p.dtype == ScalarType::kBF16;
-  if (pipelined)
-    bf16 ? kv_merge_pipelined_kernel<__nv_bfloat16><<<tiles, kMergeThreads, 0, stream>>>(p)
-         : kv_merge_pipelined_kernel<__half><<<tiles, kMergeThreads, 0, stream>>>(p);
-  else
-    bf16 ? kv_merge_kernel<__nv_bfloat16><<<tiles, kMergeThreads, 0, stream>>>(p)
-         : kv_merge_kernel<__half><<<tiles, kMergeThreads, 0, stream>>>(p);
+  bf16 ? kv_merge_kernel<__nv_bfloat16><<<tiles, kMergeThreads, 0, stream>>>(p)
+       : kv_merge_kernel<__half><<<tiles, kMergeThreads, 0, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -45,9 +45,6 @@ struct KvMergeParams {
 
 // o / lse of every token of the window's KV-major tiles from its slots' partials (a slot without a
 // partial, or with lse = -inf, weighs nothing; no partial at all gives o = 0, lse = -inf).
-// pipelined (MSA_SM90_KV_MERGE=2, off by default: written in the second session without device time
-// left, not yet run on a GPU): every load of two rows in flight at once instead of three dependent
-// round trips per row; bitwise the same result (test_kv_merge_pipelined_bitwise checks it).
-void launch_kv_merge(const KvMergeParams& p, bool pipelined, cudaStream_t stream);
+void launch_kv_merge(const KvMergeParams& p, cudaStream_t stream);
 
 }  // namespace msa::detail::cuda::sm90

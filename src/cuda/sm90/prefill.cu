@@ -57,14 +57,6 @@ bool kv_tma_store() {
   MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_TMA_STORE: expected 0 or 1, got '", e, "'");
 }
 
-// MSA_SM90_KV_MERGE=1 (default) | 2 (the pipelined merge, unverified on hardware; kvmajor_lists.h).
-bool kv_merge_pipelined() {
-  const char* e = std::getenv("MSA_SM90_KV_MERGE");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "1") == 0) return false;
-  if (std::strcmp(e, "2") == 0) return true;
-  MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_MERGE: expected 1 or 2, got '", e, "'");
-}
-
 template <typename T>
 T* ptr(const DeviceBuffer& b) {
   return static_cast<T*>(b.get());
@@ -223,7 +215,7 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, bool bf16, cu
       launch_kvmajor<true>(kp, s.sm_count, stream);
     else
       launch_kvmajor<false>(kp, s.sm_count, stream);
-    launch_kv_merge(mp, s.kv_merge_pipelined, stream);
+    launch_kv_merge(mp, stream);
   }
 }
 
@@ -251,7 +243,6 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   s->topk = c.topk;
   s->causal = c.causal;
   s->kv_tma_store = kv_tma_store();
-  s->kv_merge_pipelined = kv_merge_pipelined();
 
   // The plan's host lengths fix the workspace extents (the device lengths of a run must agree;
   // tiles past these extents are not run, nothing is read or written out of bounds).

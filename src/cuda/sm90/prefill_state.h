@@ -22,7 +22,6 @@ struct PrefillState {
   int32_t num_tiles = 0;     // canonical tiles of the plan's lengths
   KvMajorRule rule = KvMajorRule::kNever;
   bool kv_tma_store = false;  // KV-major partials through TMA stores (config.h kKvTmaStore)
-  bool kv_merge_pipelined = false;  // MSA_SM90_KV_MERGE=2 (kvmajor_lists.h)
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]
