@@ -6,6 +6,7 @@ The commit is taken from $MSA_COMMIT (the device copy of the tree has no .git) o
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -143,3 +144,30 @@ def main_guard():
     if not torch.cuda.is_available():
         print("no CUDA device: benchmarks need a GPU", file=sys.stderr)
         sys.exit(2)
+
+
+@contextlib.contextmanager
+def environment(settings: dict):
+    """Environment variables set for the duration (plans read msa's kernel knobs at plan time)."""
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def parse_variants(spec: str | None) -> list:
+    """'NAME:VAR=V,VAR=V;...' -> [(suffix, env)]; the default knobs are variant ''."""
+    if not spec:
+        return [("", {})]
+    out = []
+    for item in spec.split(";"):
+        name, _, settings = item.partition(":")
+        env = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
+        out.append((f"[{name}]", env))
+    return out

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ceilings, main_guard, row, time_graph, write_results  # noqa: E402
+from common import ceilings, environment, main_guard, parse_variants, row, time_graph, write_results  # noqa: E402
 
 import msa  # noqa: E402
 
@@ -173,24 +173,27 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
         kv_bytes = sum(x.kv_bytes(w, hkv) for x in inputs) / rot
         qo_bytes = 2 * w.batch * w.qo_len * hq * D * 2
         pattern = "random" if w.sparse else "dense"
-        variants = [("msa", 0)]
+        variants = [(f"msa{suffix}", 0, env) for suffix, env in args.variants]
         if args.sweep_splits and w.batch <= 32:
-            variants += [(f"msa-splits{s}", s) for s in (1, 2, 4, 8, 16) if w.batch * s <= 512]
-        for impl, max_splits in variants:
-            plan = msa.plan_decode(w.batch, w.qo_len, int(w.kv_lens.max()), num_qo_heads=hq, num_kv_heads=hkv,
-                                   head_dim=D, page_size=P, topk=TOPK if w.sparse else 0, device=DEV,
-                                   max_splits=max_splits)
+            variants += [(f"msa-splits{s}{suffix}", s, env) for s in (1, 2, 4, 8, 16) if w.batch * s <= 512
+                         for suffix, env in args.variants]
+        for impl, max_splits, env in variants:
+            with environment(env):
+                plan = msa.plan_decode(w.batch, w.qo_len, int(w.kv_lens.max()), num_qo_heads=hq, num_kv_heads=hkv,
+                                       head_dim=D, page_size=P, topk=TOPK if w.sparse else 0, device=DEV,
+                                       max_splits=max_splits)
             us = time_graph(None, iters=args.iters, rotate=[(lambda x=x: x.call(plan)) for x in inputs])
             torch.cuda.synchronize()
             err = check_rows(x0, w, hq, hkv, gen_np)
             gbps = (kv_bytes + qo_bytes) / (us * 1e-6) / 1e9
             ratio = gbps / ceil["copy_gbps"]
             meets = None
-            if w.bar and impl == "msa":
+            default_splits = "-splits" not in impl
+            if w.bar and default_splits:
                 kind, _, limit = w.bar.partition(">=") if ">=" in w.bar else w.bar.partition("<=")
                 meets = ratio >= float(limit) if kind == "ratio" else us <= float(limit)
             r = row(w.name, shape, pattern, impl, us, gbps=gbps, ceil=ceil, max_err=round(err, 5),
-                    bar=w.bar if impl == "msa" else None, meets_bar=meets, rotations=rot,
+                    bar=w.bar if default_splits else None, meets_bar=meets, rotations=rot,
                     mib_per_call=round((kv_bytes + qo_bytes) / 2**20, 1))
             rows.append(r)
             print(f"{w.name:8s} {shape} {pattern:6s} {impl:14s} {us:8.2f} us {gbps:7.0f} GB/s ratio {ratio:.3f} "
@@ -210,10 +213,13 @@ def main():
                     help="workload names to run, comma- or space-separated (e.g. D-B1,D-mtp or D-B1 D-mtp; "
                          "scripts/device_check.sh turns commas into spaces)")
     ap.add_argument("--iters", type=int, default=None, help="graph replays timed (default 20 quick, 50 full)")
+    ap.add_argument("--variants", help="'NAME:VAR=V,VAR=V;NAME2:...' environment settings read at plan time, one "
+                    "msa row each (e.g. 'tok:MSA_PAGED_TOKEN_KERNEL=1;gen:MSA_PAGED_TOKEN_KERNEL=0')")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
     args = ap.parse_args()
     main_guard()
     args.iters = args.iters or (20 if args.quick else 50)
+    args.variants = parse_variants(args.variants)
     shapes = args.shape or (["M3-TP1"] if args.quick else ["M3-TP1", "M3-TP4"])
     ceil = ceilings()
     rows: list = []

@@ -43,7 +43,6 @@ import contextlib
 import faulthandler
 import inspect
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -51,7 +50,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ceilings, main_guard, row, time_eager, time_graph, write_results  # noqa: E402
+from common import (ceilings, environment, main_guard, parse_variants, row, time_eager, time_graph,  # noqa: E402
+                    write_results)
 
 import msa  # noqa: E402
 
@@ -156,21 +156,6 @@ def dense_pairs(c: Case) -> int:
 
 
 # ---- msa -------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def environment(settings: dict):
-    """Environment variables set for the duration (the sm90 plan reads its knobs at plan time)."""
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
 
 def msa_runner(c: Case, sel: torch.Tensor | None, mode: str = "auto", env: dict | None = None):
     with environment({"MSA_SM90_PREFILL": mode, **(env or {})}):
@@ -416,18 +401,6 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
                 print(f"{wl} {shape} flex: {e}", flush=True)
         del sel
     torch.cuda.empty_cache()
-
-
-def parse_variants(spec: str | None) -> list:
-    """'NAME:VAR=V,VAR=V;...' -> [(suffix, env)]; the default decomposition's knobs are variant ''."""
-    if not spec:
-        return [("", {})]
-    out = []
-    for item in spec.split(";"):
-        name, _, settings = item.partition(":")
-        env = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
-        out.append((f"[{name}]", env))
-    return out
 
 
 def main():

@@ -31,6 +31,7 @@
 #include "cuda/paged/kernel_params.cuh"
 #include "cuda/paged/merge_math.cuh"
 #include "cuda/paged/ptx.cuh"
+#include "cuda/paged/request.cuh"
 #include "cuda/paged/split_merge.cuh"
 
 namespace msa::detail::cuda::paged {
@@ -45,19 +46,6 @@ constexpr int kScratchListLen = 43;
 constexpr float kLazyMaxSlack = 8.f;
 
 __device__ __forceinline__ uint64_t low_bits(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
-
-__device__ __forceinline__ int clamp_pos(int64_t pos) {
-  return static_cast<int>(pos < -1 ? -1 : (pos > INT_MAX ? INT_MAX : pos));
-}
-
-// Request b's query rows [q0, q1), clamped into [0, total_q).
-__device__ __forceinline__ void request_rows(const SeqParams& s, int b, int64_t& q0, int64_t& q1) {
-  int64_t a = s.qo_indptr[b], c = s.qo_indptr[b + 1];
-  a = a < 0 ? 0 : (a > s.total_q ? s.total_q : a);
-  c = c < a ? a : (c > s.total_q ? s.total_q : c);
-  q0 = a;
-  q1 = c;
-}
 
 // Prefill grids hold sum_b ceil(qo_len_b / T) tiles (from the plan's host lengths); tile x belongs to
 // the request whose running tile count passes x. Returns false when x is past the device lengths.

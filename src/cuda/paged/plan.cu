@@ -2,6 +2,8 @@
 // Host only, never synchronizes: device facts come from cached attribute queries.
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,6 +15,7 @@
 #include "cuda/paged/kernel_table.h"
 #include "cuda/paged/split_merge.cuh"
 #include "cuda/paged/state.cuh"
+#include "cuda/paged/token_config.h"
 #include "cuda/plan_state.h"
 #include "msa/error.h"
 
@@ -142,6 +145,73 @@ std::string unsupported_reason(const char* fn, const AttentionConfig& c) {
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
+// request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
+// splits merge in a cluster). Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns
+// it off (benchmarks compare the two kernels in one process).
+bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
+  const AttentionConfig& c = plan.config();
+  if (const char* e = std::getenv("MSA_PAGED_TOKEN_KERNEL"); e != nullptr && std::strcmp(e, "0") == 0) return false;
+  if (dev.cc < 90 || plan.max_qo_len() > 1 || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
+  if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 1 || c.topk > kTokenMaxTopk) return false;
+  if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
+  const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
+  int per_sm = INT32_MAX;
+  for (ScalarType t : kDtypes)
+    per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(t), kTokenThreads, kTokenSmemBytes));
+  if (per_sm < 1) return false;
+  const auto clusters_fit = [&](int64_t n) {
+    int fit = INT32_MAX;
+    for (ScalarType t : kDtypes)
+      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t), kTokenThreads, kTokenSmemBytes,
+                                            static_cast<int>(n)));
+    return fit;
+  };
+  // Splits as in make_state: fixed-size ranges when asked (batch-invariant; the kernel serves such a
+  // plan only when top-k / F ranges always fit one cluster, so the choice does not depend on the
+  // batch or the lengths), else one wave of CTAs, in clusters that all fit the device at once.
+  const int64_t items = static_cast<int64_t>(plan.batch_size()) * c.num_kv_heads;
+  const int64_t n_max = std::min<int64_t>(c.topk, std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1));
+  const SplitOptions& so = plan.split_options();
+  int64_t splits = 1;
+  if (so.fixed_split_blocks > 0) {
+    if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
+    splits = ceil_div64(n_max, so.fixed_split_blocks);
+    if (so.max_splits > 0 && splits > so.max_splits) return false;
+    if (splits > 1 && clusters_fit(splits) < 1) return false;
+  } else {
+    const int64_t slots = static_cast<int64_t>(per_sm) * dev.sm_count;
+    splits = items >= slots ? 1 : std::min(slots / items, n_max);
+    if (so.max_splits > 0) splits = std::min<int64_t>(splits, so.max_splits);
+    splits = std::clamp<int64_t>(splits, 1, kTokenMaxSplits);
+    int64_t chosen = 1;
+    for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}}) {
+      if (n > 1 && n <= splits && clusters_fit(n) >= items) {
+        chosen = n;
+        break;
+      }
+    }
+    splits = chosen;
+  }
+  st.token_kernel = true;
+  st.head_dim = kTokenHeadDim;
+  st.rows = kTokenRows;
+  st.threads = kTokenThreads;
+  st.group_pad = static_cast<int>(std::bit_ceil(static_cast<unsigned>(c.group_size())));
+  st.tile_tokens = 1;
+  st.tiles_per_req = 1;
+  st.num_tiles = plan.batch_size();
+  st.num_kv_heads = c.num_kv_heads;
+  st.splits = static_cast<int>(splits);
+  st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
+  st.stages = kTokenStages;
+  st.smem_bytes = kTokenSmemBytes;
+  st.spec_qo_len = 1;
+  st.pdl = true;
+  st.cluster_merge = splits > 1;
+  return true;
+}
+
 }  // namespace
 
 std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
@@ -156,6 +226,7 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
     }
     MSA_FAIL(kNotImplemented, why);
   }
+  if (decode && plan_token_kernel(*st, plan, dev)) return st;
   const int D = c.head_dim;
   const int GP = static_cast<int>(std::bit_ceil(static_cast<unsigned>(c.group_size())));
   const int max_qo = std::max(plan.max_qo_len(), 1);

@@ -1,0 +1,404 @@
+// The single-token sparse decode kernel (sm_90): one query token per request, head dim 128, a GQA
+// group of at most 16 heads (M3: 16), top-k <= 32 blocks, pages of a multiple of 64 tokens. It computes
+// what the general paged kernel (kernel.cuh) computes for such plans, with less machinery on the
+// critical path of small batches.
+//
+// Why a second kernel: at D-B1 (M3-TP1, 16 splits of one block each) the general kernel runs ~13 us,
+// a chain of latency-bound steps, 2224 instructions per warp at 10 cycles each (ncu): the sorted
+// list build for a tile of tokens, a page-table read per key one tile ahead, the combine of four
+// warps' softmax states (~480 instructions per warp, the largest part), then the cluster merge.
+// Here (one token, one list per CTA):
+//  * warp 0 reads the token's block indexes (row b guessed, as the general kernel does) and at once
+//    the page of each selected block (one read per 64-key tile, not per key), then sorts the blocks in
+//    registers while those reads are in flight: index -> page -> K/V are the only dependent reads;
+//  * the 4 warps split each 64-key tile 16 keys apiece for S = Q K^T, exchange row maxima and sums
+//    through shared memory (two barriers), and split the head dim 32 columns apiece for O += P V: the
+//    softmax state is the same in every warp, so there is no combine at the end;
+//  * splits (<= 16) merge inside a thread-block cluster through distributed shared memory
+//    (split_merge.cuh, the same merge as the general kernel).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/paged/config.cuh"
+#include "cuda/paged/kernel_params.cuh"
+#include "cuda/paged/merge_math.cuh"
+#include "cuda/paged/ptx.cuh"
+#include "cuda/paged/request.cuh"
+#include "cuda/paged/split_merge.cuh"
+#include "cuda/paged/token_config.h"
+
+namespace msa::detail::cuda::paged {
+
+// One 64-key tile of the CTA's share of the list: element offsets of its first K and V rows (page,
+// offset in the page, KV head folded in) and how many of its keys are visible (1..64).
+struct TokenTile {
+  int64_t k_off;
+  int64_t v_off;
+  int32_t visible;
+  int32_t pad;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __grid_constant__ KernelParams kp) {
+  using M = Mma<T>;
+  constexpr int D = kTokenHeadDim;
+  constexpr uint32_t kRowBytes = D * 2;                       // one K / V / Q row
+  constexpr uint32_t kTileBytes = kTokenTileKeys * kRowBytes;  // K (or V) of one tile: 16 KB
+  constexpr uint32_t kStageBytes = 2 * kTileBytes;
+  constexpr unsigned kFull = 0xffffffffu;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const AttentionParams& p = kp.a;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int b = blockIdx.x, g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
+  const uint32_t s_stages = smem_addr(smem) + kTokenSmemStages;
+  const uint32_t s_q = smem_addr(smem) + kTokenSmemQ;
+  const uint32_t s_p = smem_addr(smem) + kTokenSmemP;
+  float* red_max = reinterpret_cast<float*>(smem + kTokenSmemRedMax);  // [warp][row]
+  float* red_sum = reinterpret_cast<float*>(smem + kTokenSmemRedSum);  // [warp][row]
+  TokenTile* tiles = reinterpret_cast<TokenTile*>(smem + kTokenSmemTiles);
+  int* n_tiles_smem = reinterpret_cast<int*>(smem + kTokenSmemCount);
+
+  grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
+  allow_dependent_launch();
+
+  // ---- 1. the request, and (warp 0) the block indexes of the guessed token row b -------------------
+  // A batch of one token per request has request b at row b: reading the indexes now overlaps the
+  // qo_indptr read that would otherwise come first; a wrong guess (a ragged batch) reads again.
+  const int topk = p.topk;
+  const auto read_entry = [&](int64_t tok) {
+    return p.block_idx[tok * p.bi_stride_token + static_cast<int64_t>(g) * p.bi_stride_head +
+                       static_cast<int64_t>(lane) * p.bi_stride_k];
+  };
+  int32_t entry = -1;
+  if (warp == 0 && lane < topk && b < p.seqs.total_q) entry = read_entry(b);
+  int64_t q0, q1;
+  request_rows(p.seqs, b, q0, q1);
+  if (q1 <= q0) return;  // no token: every CTA of this (request, head) cluster returns here
+  const int kv_len = max(p.seqs.kv_lens[b], 0);
+  const int64_t pos = p.seqs.qo_offset ? static_cast<int64_t>(p.seqs.qo_offset[b]) : kv_len - (q1 - q0);
+  // Keys [0, kv_hi) are visible to the token (causal: up to its position).
+  const int kv_hi = p.causal ? max(0, min(kv_len, clamp_pos(pos + 1))) : kv_len;
+  int64_t row_base, row_len;
+  if (p.pages.indptr) {
+    int64_t a = p.pages.indptr[b], c = p.pages.indptr[b + 1];
+    a = a < 0 ? 0 : (a > p.pages.row_capacity ? p.pages.row_capacity : a);
+    c = c < a ? a : (c > p.pages.row_capacity ? p.pages.row_capacity : c);
+    row_base = a;
+    row_len = c - a;
+  } else {
+    row_base = static_cast<int64_t>(b) * p.pages.row_stride;
+    row_len = p.pages.row_capacity;
+  }
+  const int G = p.group_size;
+
+  // ---- 2a. Q: 16 rows (heads g*G .. g*G+G-1, zeros past G) x 128 dims, 16-byte chunks swizzled -------
+  {
+    const T* qg = static_cast<const T*>(p.q) + q0 * p.q_stride_token + static_cast<int64_t>(g) * G * p.q_stride_head;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int idx = tid + k * kTokenThreads, r = idx >> 4, c = idx & 15;
+      const bool ok = r < G;
+      cp_async_16(s_q + r * kRowBytes + ((c ^ (r & 7)) << 4), ok ? qg + r * p.q_stride_head + c * 8 : p.q, ok ? 16 : 0);
+    }
+    cp_async_commit();
+  }
+
+  // ---- 2b. warp 0: pages of the selected blocks, the sorted list, this split's tiles -----------------
+  if (warp == 0) {
+    if (q0 != b && lane < topk) entry = read_entry(q0);
+    // A block is taken when it holds a visible key: 0 <= e and e * 128 < kv_hi (below kv_len and, when
+    // causal, not past the token's position).
+    const bool ok = lane < topk && entry >= 0 && static_cast<int64_t>(entry) * kBlock < kv_hi;
+    // The page of each of the block's two 64-key tiles, read before the sort needs them.
+    int32_t page[2] = {-1, -1}, off[2] = {0, 0};
+    if (ok) {
+      const int ps = p.k.page_size;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t j0 = static_cast<int64_t>(entry) * kBlock + h * kTokenTileKeys;
+        if (j0 < kv_hi) {
+          const uint32_t ju = static_cast<uint32_t>(j0);
+          const uint32_t lp = kp.page_shift >= 0 ? ju >> kp.page_shift : ju / static_cast<uint32_t>(ps);
+          if (lp < row_len) {
+            page[h] = __ldg(p.pages.table + row_base + lp);
+            off[h] = static_cast<int32_t>(ju - lp * static_cast<uint32_t>(ps));
+          }
+        }
+      }
+    }
+    // Bitonic sort of (block << 5 | lane), ascending; lanes without a block hold the largest key.
+    uint32_t key = ok ? (static_cast<uint32_t>(entry) << 5) | static_cast<uint32_t>(lane) : 0xffffffffu;
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        const uint32_t other = __shfl_xor_sync(kFull, key, j);
+        const bool up = (lane & k) == 0, low = (lane & j) == 0;
+        key = (low == up) ? min(key, other) : max(key, other);
+      }
+    }
+    // Distinct blocks, ranked in ascending order (a duplicate entry counts once).
+    const uint32_t prev = __shfl_up_sync(kFull, key, 1);
+    const bool first = key != 0xffffffffu && (lane == 0 || (prev >> 5) != (key >> 5));
+    const unsigned firsts = __ballot_sync(kFull, first);
+    const int n_list = __popc(firsts), rank = __popc(firsts & ((1u << lane) - 1u));
+    int lb, le;  // this split's range of the list, as in the general kernel
+    if (kp.fixed_split_blocks > 0) {
+      const int64_t F = kp.fixed_split_blocks;
+      lb = static_cast<int>(min(static_cast<int64_t>(n_list), split * F));
+      le = split == S - 1 ? n_list : static_cast<int>(min(static_cast<int64_t>(n_list), lb + F));
+    } else {
+      const int chunk = (n_list + S - 1) / S;
+      lb = min(n_list, split * chunk);
+      le = min(n_list, lb + chunk);
+    }
+    const int src = static_cast<int>(key & 31u);
+    const int32_t pg0 = __shfl_sync(kFull, page[0], src), pg1 = __shfl_sync(kFull, page[1], src);
+    const int32_t of0 = __shfl_sync(kFull, off[0], src), of1 = __shfl_sync(kFull, off[1], src);
+    const bool mine = first && rank >= lb && rank < le;
+    const int64_t j0 = static_cast<int64_t>(key >> 5) * kBlock;
+    // A tile whose page is missing or outside the pool shows nothing (its keys are skipped).
+    const bool t0 = mine && pg0 >= 0 && pg0 < p.pages.num_pages;
+    const bool t1 = mine && pg1 >= 0 && pg1 < p.pages.num_pages && j0 + kTokenTileKeys < kv_hi;
+    const int cnt = static_cast<int>(t0) + static_cast<int>(t1);
+    int at = cnt;  // inclusive scan over the lanes (sorted order)
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(kFull, at, d);
+      if (lane >= d) at += v;
+    }
+    if (lane == 31) *n_tiles_smem = at;
+    at -= cnt;
+    const int64_t kh = static_cast<int64_t>(g) * p.k.stride_head, vh = static_cast<int64_t>(g) * p.v.stride_head;
+    if (t0) {
+      tiles[at] = TokenTile{pg0 * p.k.stride_page + of0 * p.k.stride_token + kh,
+                            pg0 * p.v.stride_page + of0 * p.v.stride_token + vh,
+                            static_cast<int32_t>(min(static_cast<int64_t>(kTokenTileKeys), kv_hi - j0)), 0};
+      ++at;
+    }
+    if (t1)
+      tiles[at] = TokenTile{pg1 * p.k.stride_page + of1 * p.k.stride_token + kh,
+                            pg1 * p.v.stride_page + of1 * p.v.stride_token + vh,
+                            static_cast<int32_t>(min(static_cast<int64_t>(kTokenTileKeys), kv_hi - j0 - kTokenTileKeys)), 0};
+  }
+  __syncthreads();
+  const int n_tiles = *n_tiles_smem;
+
+  // ---- 3. K/V tiles through a cp.async ring of kTokenStages stages ------------------------------------
+  // Thread (row r0 + 16i, chunks t8 and t8 + 8): each instruction moves 128 contiguous bytes of a row;
+  // rows past the tile's visible keys are zero-filled (nothing read), so P = 0 meets V = 0 there.
+  const T* kg = static_cast<const T*>(p.k.data);
+  const T* vg = static_cast<const T*>(p.v.data);
+  const int r0 = tid >> 3, t8 = tid & 7;
+  const uint32_t ld_dst = r0 * kRowBytes + ((t8 ^ (r0 & 7)) << 4);
+  const auto issue = [&](int x, int stage) {
+    if (x < n_tiles) {
+      const TokenTile t = tiles[x];
+      const uint32_t ks = s_stages + stage * kStageBytes + ld_dst, vs = ks + kTileBytes;
+      const T* kr = kg + t.k_off + t8 * 8;
+      const T* vr = vg + t.v_off + t8 * 8;
+#pragma unroll
+      for (int i = 0; i < kTokenTileKeys / 16; ++i) {
+        const int r = r0 + 16 * i;
+        const bool fill = r < t.visible;
+        const T* krow = fill ? kr + r * p.k.stride_token : kg;
+        const T* vrow = fill ? vr + r * p.v.stride_token : vg;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          cp_async_16_pred(ks + 16 * i * kRowBytes + c * 128, krow + (fill ? c * 64 : 0), fill);
+          cp_async_16_pred(vs + 16 * i * kRowBytes + c * 128, vrow + (fill ? c * 64 : 0), fill);
+        }
+      }
+    }
+    cp_async_commit();  // empty groups too: the wait counts stay uniform
+  };
+#pragma unroll
+  for (int x = 0; x < kTokenStages - 1; ++x) issue(x, x);
+
+  // Q fragments (A operand of 8 k-steps) in registers; Q is the oldest cp.async group.
+  cp_async_wait<kTokenStages - 1>();
+  __syncthreads();
+  uint32_t qa[D / 16][4];
+  {
+    const int mi = lane >> 3, r = (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[kk], s_q + r * kRowBytes + (((2 * kk + (mi >> 1)) ^ (r & 7)) << 4));
+  }
+
+  // ---- 4. per tile: S = Q K^T (16 keys per warp), softmax across the warps, O += P V (32 dims per warp) -
+  const int row0 = lane >> 2;                     // this thread's rows: row0 and row0 + 8
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float o[4][4];
+#pragma unroll
+  for (int n = 0; n < 4; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  int stage = 0, issue_stage = kTokenStages - 1;
+  for (int x = 0; x < n_tiles; ++x) {
+    cp_async_wait<kTokenStages - 2>();
+    __syncthreads();  // tile x landed for all; every warp is done with tile x-1 (its stage, P, sums)
+    issue(x + kTokenStages - 1, issue_stage);
+    issue_stage = issue_stage == kTokenStages - 1 ? 0 : issue_stage + 1;
+    const uint32_t ks = s_stages + stage * kStageBytes, vs = ks + kTileBytes;
+    stage = stage == kTokenStages - 1 ? 0 : stage + 1;
+    const int visible = tiles[x].visible;
+
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    {
+      const int mi = lane >> 3, kr = warp * 16 + (mi >> 1) * 8 + (lane & 7);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, ks + kr * kRowBytes + (((2 * kk + (mi & 1)) ^ (lane & 7)) << 4));
+        M::run(s[0], qa[kk], bk[0], bk[1]);
+        M::run(s[1], qa[kk], bk[2], bk[3]);
+      }
+    }
+    // Logits in the exp2 domain; keys past `visible` are -inf. Row maxima of this warp's 16 keys.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = warp * 16 + n * 8 + 2 * (lane & 3) + (e & 1);
+        s[n][e] = key < visible ? s[n][e] * kp.scale_log2 : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+      }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFull, mx[j], 1));
+      mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFull, mx[j], 2));
+    }
+    if ((lane & 3) == 0) {
+      red_max[warp * 16 + row0] = mx[0];
+      red_max[warp * 16 + row0 + 8] = mx[1];
+    }
+    __syncthreads();
+    float base[2], alpha[2], sum[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float m = m_run[j];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) m = fmaxf(m, red_max[w * 16 + row0 + 8 * j]);
+      base[j] = m == -INFINITY ? 0.f : m;  // a row that has seen nothing stays at p = 0
+      alpha[j] = exp2_approx(m_run[j] - base[j]);
+      m_run[j] = m;
+      sum[j] = 0.f;
+    }
+    // P (bf16 / fp16) to shared memory, [16 rows][64 keys], 16-byte chunks swizzled by row.
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const float p0 = exp2_approx(s[n][0] - base[0]), p1 = exp2_approx(s[n][1] - base[0]);
+      const float p2 = exp2_approx(s[n][2] - base[1]), p3 = exp2_approx(s[n][3] - base[1]);
+      sum[0] += p0 + p1;
+      sum[1] += p2 + p3;
+      const int key = warp * 16 + n * 8 + 2 * (lane & 3), chunk = key >> 3;
+      const uint32_t at0 = s_p + row0 * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
+      const uint32_t at1 = s_p + (row0 + 8) * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at0), "r"(M::pack(p0, p1)));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at1), "r"(M::pack(p2, p3)));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      sum[j] += __shfl_xor_sync(kFull, sum[j], 1);
+      sum[j] += __shfl_xor_sync(kFull, sum[j], 2);
+    }
+    if ((lane & 3) == 0) {
+      red_sum[warp * 16 + row0] = sum[0];
+      red_sum[warp * 16 + row0 + 8] = sum[1];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) t += red_sum[w * 16 + row0 + 8 * j];
+      l_run[j] = l_run[j] * alpha[j] + t;
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+    {
+      const int mi = lane >> 3;
+      const int pr = (mi & 1) * 8 + (lane & 7);        // P row of this lane's ldmatrix address
+      const int vr = (mi & 1) * 8 + (lane & 7);        // V key row (within the k-step)
+#pragma unroll
+      for (int kk = 0; kk < kTokenTileKeys / 16; ++kk) {
+        uint32_t pa[4];
+        ldmatrix_x4(pa, s_p + pr * 128 + (((2 * kk + (mi >> 1)) ^ (pr & 7)) << 4));
+        const int key = kk * 16 + vr;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t bv[4];
+          const int chunk = warp * 4 + 2 * h + (mi >> 1);
+          ldmatrix_x4_trans(bv, vs + key * kRowBytes + ((chunk ^ (key & 7)) << 4));
+          M::run(o[2 * h], pa, bv[0], bv[1]);
+          M::run(o[2 * h + 1], pa, bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // ---- 5. normalize; write o / lse, or this split's rows for the cluster merge -----------------------
+  float inv[2], lse[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const bool seen = l_run[j] > 0.f;
+    inv[j] = seen ? 1.f / l_run[j] : 0.f;
+    lse[j] = seen ? (m_run[j] + log2f(l_run[j])) * kLn2 : -INFINITY;
+  }
+  T* og = static_cast<T*>(p.o) + q0 * p.o_stride_token + static_cast<int64_t>(g) * G * p.o_stride_head;
+  float* lseg = p.lse ? p.lse + q0 * p.lse_stride_token + static_cast<int64_t>(g) * G * p.lse_stride_head : nullptr;
+  if (S == 1) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = row0 + 8 * j;
+      if (r >= G) continue;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int col = warp * 32 + n * 8 + 2 * (lane & 3);
+        *reinterpret_cast<uint32_t*>(og + r * p.o_stride_head + col) =
+            M::pack(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]);
+      }
+      if (lseg && warp == 0 && (lane & 3) == 0) lseg[r * p.lse_stride_head] = lse[j];
+    }
+    return;
+  }
+  // The split's normalized rows (fp32 [16][128], then 16 lse) go to stage memory, which every warp is
+  // done reading after this barrier (and no copy is pending: the groups past the last tile are empty).
+  cp_async_wait<0>();
+  __syncthreads();
+  float* po = reinterpret_cast<float*>(smem + kTokenSmemStages);
+  float* plse = po + kTokenRows * D;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int r = row0 + 8 * j;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int col = warp * 32 + n * 8 + 2 * (lane & 3);
+      *reinterpret_cast<float2*>(po + r * D + col) = make_float2(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]);
+    }
+    if (warp == 0 && (lane & 3) == 0) plse[r] = lse[j];
+  }
+  const auto real_row = [&](int r) { return r < G; };
+  const auto emit = [&](int r, int c, const float (&acc)[8], float row_lse) {
+    uint4 pk;
+    pk.x = M::pack(acc[0], acc[1]);
+    pk.y = M::pack(acc[2], acc[3]);
+    pk.z = M::pack(acc[4], acc[5]);
+    pk.w = M::pack(acc[6], acc[7]);
+    *reinterpret_cast<uint4*>(og + r * p.o_stride_head + c * 8) = pk;
+    if (lseg && c == 0) lseg[r * p.lse_stride_head] = row_lse;
+  };
+  merge_splits_in_cluster<D, kTokenRows, kTokenThreads>(smem_addr(po), smem_addr(plse), S, split, real_row, emit);
+}
+
+}  // namespace msa::detail::cuda::paged

@@ -1,0 +1,100 @@
+"""The single-token decode kernel (src/cuda/paged/token_kernel.cuh, sm_90) against the float64 reference,
+and the general paged kernel on the same problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per
+request, head dim 128, G <= 16, top-k <= 32, pages of a multiple of 64 tokens. Unsorted rows with -1
+slots and duplicates, empty rows, qo_len 0 requests (the guessed token row is wrong), lengths that end
+inside a 64-key tile, prefixes, non-causal, the slot-major pool, flat page tables, the [Hkv, T, topk]
+index layout, bad pages, splits forced or fixed, fp16. Outputs are poisoned (NaN) before every run.
+
+    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/test_gpu_token_decode.py
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import msa  # noqa: E402
+import msa_testing as mt  # noqa: E402
+from test_gpu_attention import check, plan_for, problem, run_gpu  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+KERNELS = ["token", "general"]
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request, monkeypatch):
+    """Which kernel serves the plans made in the test (read at plan time)."""
+    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1" if request.param == "token" else "0")
+    return request.param
+
+
+def decode_problem(rng, kv_lens, qo_lens=None, **kw):
+    qo_lens = qo_lens if qo_lens is not None else [1] * len(kv_lens)
+    return problem(rng, qo_lens, kv_lens, **kw)
+
+
+@pytest.mark.parametrize("group", [16, 12, 8, 1])
+@pytest.mark.parametrize("topk", [1, 16, 32])
+def test_groups_and_topk(rng, kernel, group, topk):
+    prob = decode_problem(rng, [3000, 129, 64, 1, 700], group=group, topk=topk, empty_row_prob=0.1)
+    check(plan_for(prob, max_qo_len=1), prob)
+
+
+@pytest.mark.parametrize("page_size", [64, 128, 256])
+@pytest.mark.parametrize("layout", ["plain", "slot_major", "flat", "htk"])
+def test_page_layouts(rng, kernel, page_size, layout):
+    prob = decode_problem(rng, [900, 257, 1, 4000, 191], page_size=page_size, slot_major=layout == "slot_major",
+                          flat_pages=layout == "flat", index_layout="HTK" if layout == "htk" else "THK")
+    check(plan_for(prob, max_qo_len=1), prob)
+
+
+def test_ragged_batch_and_empty_rows(rng, kernel):
+    """qo_len 0 requests move every later token off its guessed row b; all -1 rows give o = 0, lse = -inf."""
+    prob = decode_problem(rng, [700, 300, 129, 2000, 65], qo_lens=[1, 0, 1, 0, 1], empty_row_prob=0.3)
+    prob.block_idx[-1] = -1
+    o, lse = check(plan_for(prob, max_qo_len=1), prob)
+    assert np.isneginf(lse[-1]).all() and (o[-1] == 0).all()
+
+
+def test_duplicates_and_out_of_range(rng, kernel):
+    """Duplicate entries count once; entries past the token's blocks or negative are skipped."""
+    prob = decode_problem(rng, [5000, 1000, 300], topk=16)
+    bi = prob.block_idx.copy()
+    bi[0, 0, :6] = [3, 3, 3, 0, 0, 10**6]
+    bi[1, 1, :4] = [-5, 7, 7, 2**31 - 1]
+    prob.block_idx = bi
+    check(plan_for(prob, max_qo_len=1), prob)
+
+
+def test_offsets_and_non_causal(rng, kernel):
+    prob = decode_problem(rng, [600, 3000, 200], qo_offset=[400, 10, 199])
+    check(plan_for(prob, max_qo_len=1), prob)
+    prob = decode_problem(rng, [600, 3000, 200], causal=False)
+    check(plan_for(prob, max_qo_len=1), prob)
+
+
+@pytest.mark.parametrize("split", [dict(), dict(max_splits=1), dict(max_splits=3), dict(fixed_split_blocks=1),
+                                   dict(fixed_split_blocks=5)])
+def test_splits(rng, kernel, split):
+    """Few long requests: up to 16 splits per (request, head), merged in a cluster."""
+    prob = decode_problem(rng, [30000, 9000], group=16, num_kv_heads=1, topk=32)
+    check(plan_for(prob, **split), prob)
+
+
+def test_fp16_and_lse_optional(rng, kernel):
+    prob = decode_problem(rng, [3000, 700, 128], dtype="fp16")
+    check(plan_for(prob, max_qo_len=1), prob)
+
+
+def test_bad_pages_do_not_crash(rng, kernel):
+    """Page ids outside the pool are caller errors: no fault, no NaN, and the requests that do not read
+    them keep their exact results."""
+    prob = decode_problem(rng, [900, 700, 1500], group=16)
+    o_ref, _ = mt.ref_attention(prob)
+    table = prob.page_table.copy()
+    table[0, 1] = prob.k_cache.shape[0] + 5
+    table[1, 0] = -3
+    prob.page_table = table
+    o, lse = run_gpu(plan_for(prob, max_qo_len=1), prob)
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    mt.assert_close(o[2:], o_ref[2:])
