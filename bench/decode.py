@@ -156,6 +156,24 @@ def check_rows(x: Inputs, w: Workload, hq: int, hkv: int, gen_np) -> float:
     return err
 
 
+def floor_rows(w: Workload, shape: str, impl: str, plan, inputs: list, ceil: dict, rows: list):
+    """The fixed cost of a call, in pieces: the same plan and graph with every request empty (the kernel
+    reads qo_indptr and returns: launch + one device read), then with every selection -1 (block indexes
+    read and sorted, the split merge, o = 0 written; no page or K/V read)."""
+    import copy
+    cases = []
+    for x in inputs:
+        e = copy.copy(x)
+        e.qo_indptr = torch.zeros_like(x.qo_indptr)
+        n = copy.copy(x)
+        n.block_idx = torch.full_like(x.block_idx, -1)
+        cases.append((e, n))
+    for tag, k in (("floor-no-token", 0), ("floor-no-block", 1)):
+        us = time_graph(None, iters=20, rotate=[(lambda c=c: c[k].call(plan)) for c in cases])
+        rows.append(row(w.name, shape, "random", f"{impl}-{tag}", us, ceil=ceil))
+        print(f"{w.name:8s} {shape} random {impl}-{tag:14s} {us:8.2f} us", flush=True)
+
+
 def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
     hq, hkv = SHAPES[shape]
     gen = torch.Generator(device=DEV)
@@ -199,6 +217,8 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
             print(f"{w.name:8s} {shape} {pattern:6s} {impl:14s} {us:8.2f} us {gbps:7.0f} GB/s ratio {ratio:.3f} "
                   f"err {err:.2e}" + ("" if meets is None else f"  bar {w.bar}: {'met' if meets else 'MISSED'}"),
                   flush=True)
+            if args.floor and w.batch == 1 and w.sparse and max_splits == 0:
+                floor_rows(w, shape, impl, plan, inputs, ceil, rows)
         del inputs, x0
     del pool
     torch.cuda.empty_cache()
@@ -215,6 +235,8 @@ def main():
     ap.add_argument("--iters", type=int, default=None, help="graph replays timed (default 20 quick, 50 full)")
     ap.add_argument("--variants", help="'NAME:VAR=V,VAR=V;NAME2:...' environment settings read at plan time, one "
                     "msa row each (e.g. 'tok:MSA_PAGED_TOKEN_KERNEL=1;gen:MSA_PAGED_TOKEN_KERNEL=0')")
+    ap.add_argument("--floor", action="store_true",
+                    help="at B=1 also time the call with no query token and with no selected block (fixed costs)")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
     args = ap.parse_args()
     main_guard()

@@ -167,9 +167,12 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
                                             static_cast<int>(n)));
     return fit;
   };
-  // Splits as in make_state: fixed-size ranges when asked (batch-invariant; the kernel serves such a
-  // plan only when top-k / F ranges always fit one cluster, so the choice does not depend on the
-  // batch or the lengths), else one wave of CTAs, in clusters that all fit the device at once.
+  // Splits: fixed-size ranges when asked (batch-invariant; the kernel serves such a plan only when
+  // top-k / F ranges always fit one cluster, so the choice does not depend on the batch or the
+  // lengths), else one CTA per SM, in clusters that all fit the device at once. One CTA per SM, not
+  // the two that fit: M3-TP1 D-B32 (128 items) ran 37.35 us unsplit against 38.94 us with 2 splits;
+  // M3-TP4 D-B32 (32 items) 17.04 us with 4 splits, 19.17 with 2, 28.68 with 1; D-B1 10.23 us with
+  // 16 and 10.33 with 8 (H200, bench/results/decode-20261129-aeb7545-token-splits.md).
   const int64_t items = static_cast<int64_t>(plan.batch_size()) * c.num_kv_heads;
   const int64_t n_max = std::min<int64_t>(c.topk, std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1));
   const SplitOptions& so = plan.split_options();
@@ -180,7 +183,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     if (so.max_splits > 0 && splits > so.max_splits) return false;
     if (splits > 1 && clusters_fit(splits) < 1) return false;
   } else {
-    const int64_t slots = static_cast<int64_t>(per_sm) * dev.sm_count;
+    const int64_t slots = dev.sm_count;
     splits = items >= slots ? 1 : std::min(slots / items, n_max);
     if (so.max_splits > 0) splits = std::min<int64_t>(splits, so.max_splits);
     splits = std::clamp<int64_t>(splits, 1, kTokenMaxSplits);

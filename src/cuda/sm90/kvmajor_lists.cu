@@ -4,6 +4,7 @@
 
 #include <cub/block/block_scan.cuh>
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda/common/check.cuh"
@@ -55,58 +56,214 @@ __global__ void __launch_bounds__(kEntryThreads) kv_rank_kernel(KvListParams p) 
   }
 }
 
+// Keys of one thread in a scan pass: consecutive, so that the running prefix inside a thread is a loop
+// and the counts come in as one 16-byte load; 256 x 4 = 1024 keys a pass.
+constexpr int kScanKeys = 4;
+constexpr int kScanTile = kScanThreads * kScanKeys;
+// CTAs per window at most: a window's keys are cut into chunks of kScanTile keys or more, one CTA each.
+constexpr int kScanMaxChunks = 32;
+// Work items staged in shared memory per round (20 bytes each: request, kv_head, block, start | count);
+// a pass of 1024 keys makes ~1600 at P-32K `random` (~64 entries a key).
+constexpr int kScanStage = 1920;
+// blk_cum entries staged in shared memory: batches of up to 2047 requests look their keys' requests up
+// there; a larger batch reads blk_cum from the global memory.
+constexpr int kScanCumShared = 2048;
+static_assert(sizeof(KvWorkItem) == 32, "a work item is written as two 16-byte halves");
+
+// Keys per CTA of a window of `span` keys: a multiple of kScanTile, at most kScanMaxChunks CTAs.
+__host__ __device__ constexpr int32_t scan_chunk_keys(int32_t span) {
+  const int32_t tiles = (span + kScanTile - 1) / kScanTile;
+  return (tiles + kScanMaxChunks - 1) / kScanMaxChunks * kScanTile;
+}
+
+__device__ __forceinline__ int32_t items_of(int32_t n) { return (n + kKvItemTokens - 1) / kKvItemTokens; }
+
+// Counts of keys first .. first + kScanKeys - 1 (0 from `end` on). kVec (key_span % 4 == 0): every
+// window's row starts 16-byte aligned (the buffer is one cudaMalloc), and a group of 4 keys is
+// wholly before `end` or wholly past it (end is key_span or a multiple of kScanTile).
+template <bool kVec>
+__device__ __forceinline__ void load_counts(int32_t (&c)[kScanKeys], const int32_t* count, int32_t first,
+                                            int32_t end) {
+  if constexpr (kVec) {
+    const int4 v = first < end ? *reinterpret_cast<const int4*>(count + first) : make_int4(0, 0, 0, 0);
+    c[0] = v.x;
+    c[1] = v.y;
+    c[2] = v.z;
+    c[3] = v.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kScanKeys; ++i) c[i] = first + i < end ? count[first + i] : 0;
+  }
+}
+
+__device__ __forceinline__ void load_counts(int32_t (&c)[kScanKeys], const int32_t* count, int32_t first,
+                                            int32_t end, bool vec) {
+  vec ? load_counts<true>(c, count, first, end) : load_counts<false>(c, count, first, end);
+}
+
+__device__ __forceinline__ int2 add2(int2 a, int2 b) { return make_int2(a.x + b.x, a.y + b.y); }
+
+// Entries and items of this thread's share of keys [0, end): 8 loads in flight at a time (one at a
+// time, the last CTA of a P-32K window waited on 7 round trips here).
+template <bool kVec>
+__device__ __forceinline__ int2 sum_counts(const int32_t* count, int32_t first, int32_t end) {
+  constexpr int kLoads = 8;
+  int2 s = make_int2(0, 0);
+  for (int32_t k = first; k < end; k += kLoads * kScanTile) {
+    int32_t c[kLoads][kScanKeys];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) load_counts<kVec>(c[u], count, k + u * kScanTile, end);
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+#pragma unroll
+      for (int i = 0; i < kScanKeys; ++i) s = add2(s, make_int2(c[u][i], items_of(c[u][i])));
+  }
+  return s;
+}
+
+// The request of block key kb: the last b < batch with cum[b] <= kb, searched in [from, batch),
+// where cum[from] <= kb.
+__device__ __forceinline__ int32_t find_request(const int32_t* cum, int32_t from, int32_t batch, int32_t kb) {
+  int32_t lo = from, hi = batch;
+  while (hi - lo > 1) {
+    const int32_t mid = (lo + hi) / 2;
+    if (cum[mid] <= kb) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// CTA (window, chunk) of 256 threads takes the chunk's keys 1024 a pass: thread t holds keys
+// base + 4t .. base + 4t + 3, the CTA scans their sums (entries, items) once, and each thread walks
+// its keys with a running prefix. Every CTA first sums the counts of its window's keys before its
+// chunk itself (at most 31 chunks re-read, loads in flight together): no scratch buffer, no order
+// between CTAs. A thread writes its keys' items into shared memory and the CTA copies them out in
+// item order, a warp's lanes on consecutive 16-byte halves: written straight from the owning threads,
+// every store of a warp hit 32 lines. The next pass's counts are loaded before this pass is scanned;
+// blk_cum sits in shared memory, and a thread looks a request up only when its key leaves the last
+// one it found.
+// The first form, one CTA per window, 256 threads and one key each, a dependent load of count[k], a
+// scan, a binary search over blk_cum in the global memory and two barriers per 256 keys, was a chain
+// of latency-bound passes: 48 us on H200 at P-chunk `random` (4096 keys, one window), 97 us at P-32K
+// (4 windows of 8192). One CTA per window with 8192 keys a pass and the items staged still took 16 us
+// at P-32K (a window's ~400 KB of items leave through one SM). On synthetic counts shaped like those
+// (~64 entries a key), in CUDA graphs: 4.2 / 4.4 us, the first form 49 / 97 us; outputs are the same
+// bits (offsets of every key, the same items).
 __global__ void __launch_bounds__(kScanThreads) kv_scan_kernel(KvListParams p) {
-  using Scan = cub::BlockScan<int2, kScanThreads>;
+  using Scan = cub::BlockScan<int4, kScanThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ int2 carry;
+  __shared__ int4 stage_head[kScanStage];  // request, kv_head, block, start
+  __shared__ int32_t stage_count[kScanStage];
+  __shared__ int32_t cum_shared[kScanCumShared];
   const KvLists& L = p.lists;
   const int32_t window = blockIdx.x;
   const int32_t batch = p.seqs.batch_size;
   const int32_t keys = L.key_span;
-  int32_t* count = L.key_count + static_cast<int64_t>(window) * L.key_span;
+  const int32_t chunk_keys = scan_chunk_keys(keys);
+  const int32_t c0 = static_cast<int32_t>(blockIdx.y) * chunk_keys, c1 = min(keys, c0 + chunk_keys);
+  const int32_t* count = L.key_count + static_cast<int64_t>(window) * L.key_span;
   int32_t* offset = L.key_offset + static_cast<int64_t>(window) * L.key_span;
   KvWorkItem* items = L.items + static_cast<int64_t>(window) * L.item_capacity;
-  if (L.window_kv_tiles[window] == 0) {  // no KV-major tile here: no key was counted
-    if (threadIdx.x == 0) L.item_count[window] = 0;
+  const bool vec = keys % 4 == 0;
+  const int32_t first = static_cast<int32_t>(threadIdx.x) * kScanKeys;
+  const auto add = [](int4 a, int4 b) { return make_int4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); };
+  // The counts are loaded before the window's tile count is used: one round trip, not two.
+  const int32_t kv_tiles = L.window_kv_tiles[window];
+  int32_t cur[kScanKeys];
+  load_counts(cur, count, c0 + first, c1, vec);
+  // This thread's share of the keys before the chunk, summed again by every later chunk's CTA.
+  int2 before = vec ? sum_counts<true>(count, first, c0) : sum_counts<false>(count, first, c0);
+  if (kv_tiles == 0) {  // no KV-major tile here: no key was counted
+    if (blockIdx.y == gridDim.y - 1 && threadIdx.x == 0) L.item_count[window] = 0;
     return;
   }
-  if (threadIdx.x == 0) carry = make_int2(0, 0);
-  __syncthreads();
-  const auto add = [](int2 a, int2 b) { return make_int2(a.x + b.x, a.y + b.y); };
-  for (int32_t base = 0; base < keys; base += kScanThreads) {
-    const int32_t k = base + threadIdx.x;
-    const int32_t n = k < keys ? count[k] : 0;
-    const int2 mine = make_int2(n, (n + kKvItemTokens - 1) / kKvItemTokens);
-    int2 excl, total;
-    Scan(scan_tmp).ExclusiveScan(mine, excl, make_int2(0, 0), add, total);
-    const int2 at = add(carry, excl);
-    if (k < keys) offset[k] = at.x;
-    if (mine.y > 0) {  // only keys that some entry counted: k % block_keys < blk_cum[batch]
-      const int32_t kb = k % L.block_keys;
-      int lo = 0, hi = batch;  // the request of the key: last b with blk_cum[b] <= kb
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (L.blk_cum[mid] <= kb) lo = mid; else hi = mid;
+  const bool staged = batch + 1 <= kScanCumShared;
+  if (staged) {
+    for (int32_t b = threadIdx.x; b <= batch; b += kScanThreads) cum_shared[b] = L.blk_cum[b];
+  }
+  __syncthreads();  // cum_shared is complete
+  const int32_t* cum = staged ? cum_shared : L.blk_cum;
+  // The request of the last key this thread looked up: lo, its keys [cum_lo, cum_hi), nblk blocks per
+  // head. cum_lo = INT32_MAX: none yet.
+  int32_t lo = 0, cum_lo = INT32_MAX, cum_hi = 0, nblk = 1;
+  int2 carry = make_int2(0, 0);  // entries and items before this pass; every thread holds it
+  for (int32_t base = c0; base < c1; base += kScanTile) {
+    int32_t next[kScanKeys];  // in flight during this pass
+    load_counts(next, count, base + kScanTile + first, c1, vec);
+    int2 mine = make_int2(0, 0);
+#pragma unroll
+    for (int i = 0; i < kScanKeys; ++i) mine = add2(mine, make_int2(cur[i], items_of(cur[i])));
+    // One scan for both: in the first pass, the keys before the chunk come in as .zw (0 after).
+    int4 excl, total;
+    Scan(scan_tmp).ExclusiveScan(make_int4(mine.x, mine.y, before.x, before.y), excl, make_int4(0, 0, 0, 0), add,
+                                 total);
+    before = make_int2(0, 0);
+    carry = add2(carry, make_int2(total.z, total.w));
+    const int2 start = add2(carry, make_int2(excl.x, excl.y));  // entries and items before this thread's first key
+    const int32_t k0 = base + first;
+    const int32_t kb0 = k0 % L.block_keys;
+    {
+      int32_t o[kScanKeys];
+      int32_t at = start.x;
+#pragma unroll
+      for (int i = 0; i < kScanKeys; ++i) {
+        o[i] = at;
+        at += cur[i];
       }
-      const int32_t local = kb - L.blk_cum[lo];
-      const int32_t nblk = (L.blk_cum[lo + 1] - L.blk_cum[lo]) / p.sched.num_kv_heads;
-      for (int32_t j = 0; j < mine.y; ++j) {
-        const int32_t idx = at.y + j;
-        if (idx >= L.item_capacity) break;
-        KvWorkItem w{};
-        w.request = lo;
-        w.kv_head = local / nblk;
-        w.block = local % nblk;
-        w.start = at.x + j * kKvItemTokens;
-        w.count = min(kKvItemTokens, n - j * kKvItemTokens);
-        items[idx] = w;
+      if (vec) {
+        if (k0 < c1) *reinterpret_cast<int4*>(offset + k0) = make_int4(o[0], o[1], o[2], o[3]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kScanKeys; ++i)
+          if (k0 + i < c1) offset[k0 + i] = o[i];
       }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) carry = add(carry, total);
-    __syncthreads();
+    // Items [carry.y, end) of this pass, kScanStage at a time: the owning threads stage theirs, then
+    // the CTA writes them out. Items from item_capacity on are dropped.
+    const int32_t end = min(carry.y + total.y, L.item_capacity);
+    for (int32_t r0 = carry.y; r0 < end; r0 += kScanStage) {
+      const int32_t r1 = min(r0 + kScanStage, end);
+      if (r0 != carry.y) __syncthreads();  // the previous round's items are out
+      if (start.y < r1 && start.y + mine.y > r0) {
+        int2 at = start;
+        int32_t kb = kb0;
+#pragma unroll
+        for (int i = 0; i < kScanKeys; ++i) {
+          const int32_t n = cur[i], ni = items_of(n);
+          const int32_t j0 = max(0, r0 - at.y), j1 = min(ni, r1 - at.y);
+          if (j0 < j1) {
+            // cum is nondecreasing: below cum_lo the request lies before lo (search from 0), at or
+            // past cum_hi after it (search from lo + 1), else it is lo.
+            if (kb < cum_lo || (lo + 1 < batch && cum_hi <= kb)) {
+              lo = find_request(cum, kb < cum_lo ? 0 : lo + 1, batch, kb);
+              cum_lo = cum[lo];
+              cum_hi = cum[lo + 1];
+              nblk = (cum_hi - cum_lo) / p.sched.num_kv_heads;
+            }
+            const int32_t local = kb - cum_lo;
+            const int32_t kv_head = local / nblk, block = local % nblk;
+            for (int32_t j = j0; j < j1; ++j) {
+              const int32_t m = at.y + j - r0;
+              stage_head[m] = make_int4(lo, kv_head, block, at.x + j * kKvItemTokens);
+              stage_count[m] = min(kKvItemTokens, n - j * kKvItemTokens);
+            }
+          }
+          at = add2(at, make_int2(n, ni));
+          kb = kb + 1 == L.block_keys ? 0 : kb + 1;
+        }
+      }
+      __syncthreads();
+      // KvWorkItem{request, kv_head, block, start, count, unused = 0} as two 16-byte halves; items is
+      // one cudaMalloc and a window's first item is 32-byte aligned.
+      int4* out = reinterpret_cast<int4*>(items + r0);
+      for (int32_t h = threadIdx.x; h < 2 * (r1 - r0); h += kScanThreads)
+        out[h] = h & 1 ? make_int4(stage_count[h >> 1], 0, 0, 0) : stage_head[h >> 1];
+    }
+    carry = add2(carry, make_int2(total.x, total.y));
+    __syncthreads();  // scan_tmp and the stage are free for the next pass
+#pragma unroll
+    for (int i = 0; i < kScanKeys; ++i) cur[i] = next[i];
   }
-  if (threadIdx.x == 0) L.item_count[window] = min(carry.y, L.item_capacity);
+  if (blockIdx.y == gridDim.y - 1 && threadIdx.x == 0) L.item_count[window] = min(carry.y, L.item_capacity);
 }
 
 __device__ __forceinline__ void fill_tile(const KvListParams& p, int32_t tile) {
@@ -287,7 +444,9 @@ void launch_kv_rank(const KvListParams& p, cudaStream_t stream) {
 }
 
 void launch_kv_scan(const KvListParams& p, cudaStream_t stream) {
-  kv_scan_kernel<<<p.lists.num_windows, kScanThreads, 0, stream>>>(p);
+  const int32_t span = p.lists.key_span, chunk = scan_chunk_keys(span);
+  const int32_t chunks = span > 0 ? (span + chunk - 1) / chunk : 1;
+  kv_scan_kernel<<<dim3(p.lists.num_windows, chunks), kScanThreads, 0, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
