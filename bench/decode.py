@@ -179,7 +179,7 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
     gen = torch.Generator(device=DEV)
     gen.manual_seed(1234)
     gen_np = np.random.default_rng(5)
-    pages = max(max(w.batch * math.ceil(int(w.kv_lens.max()) / P) for w in ws), 8192)
+    pages = args.pool_pages or max(max(w.batch * math.ceil(int(w.kv_lens.max()) / P) for w in ws), 8192)
     pool = Pool(pages, hkv, gen)
     print(f"# {shape}: Hq={hq} Hkv={hkv}, KV pool {pages} pages ({2 * pool.k.numel() * 2 / 2**30:.1f} GiB)",
           flush=True)
@@ -235,6 +235,9 @@ def main():
     ap.add_argument("--iters", type=int, default=None, help="graph replays timed (default 20 quick, 50 full)")
     ap.add_argument("--variants", help="'NAME:VAR=V,VAR=V;NAME2:...' environment settings read at plan time, one "
                     "msa row each (e.g. 'tok:MSA_PAGED_TOKEN_KERNEL=1;gen:MSA_PAGED_TOKEN_KERNEL=0')")
+    ap.add_argument("--pool-pages", type=int, default=None,
+                    help="KV pool size in pages (default: the largest workload's need, >= 8192; a small pool "
+                         "shows what the address translation of a multi-GB pool costs)")
     ap.add_argument("--floor", action="store_true",
                     help="at B=1 also time the call with no query token and with no selected block (fixed costs)")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
