@@ -1,6 +1,6 @@
-"""The single-token decode kernel (src/cuda/paged/token_kernel.cuh, sm_90) at both pipeline depths against
-the float64 reference, and the general paged kernel on the same problems (MSA_PAGED_TOKEN_KERNEL=0): one
-query token per request, head dim 128, G <= 16, top-k <= 32, pages of a multiple of 64 tokens. Unsorted rows with -1
+"""The single-token decode kernel (src/cuda/paged/token_kernel.cuh, sm_90) against the float64 reference,
+and the general paged kernel on the same problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per
+request, head dim 128, G <= 16, top-k <= 32, pages of a multiple of 64 tokens. Unsorted rows with -1
 slots and duplicates, empty rows, qo_len 0 requests (the guessed token row is wrong), lengths that end
 inside a 64-key tile, prefixes, non-causal, the slot-major pool, flat page tables, the [Hkv, T, topk]
 index layout, bad pages, splits forced or fixed, fp16. Outputs are poisoned (NaN) before every run.
@@ -18,16 +18,13 @@ from test_gpu_attention import check, plan_for, problem, run_gpu  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-KERNELS = ["token3", "token4", "general"]
+KERNELS = ["token", "general"]
 
 
 @pytest.fixture(params=KERNELS)
 def kernel(request, monkeypatch):
-    """Which kernel serves the plans made in the test, and the token kernel's depth (3 or 4 stages;
-    the plan picks 4 when the grid has at most one CTA per SM); read at plan time."""
-    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "0" if request.param == "general" else "1")
-    if request.param != "general":
-        monkeypatch.setenv("MSA_PAGED_TOKEN_STAGES", request.param[-1])
+    """Which kernel serves the plans made in the test (read at plan time)."""
+    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1" if request.param == "token" else "0")
     return request.param
 
 

@@ -23,8 +23,7 @@ extern template const void* kernel_for_rows<__half, 256>(int);
 // The kernel for (dtype, head dim, rows); nullptr when there is none.
 const void* kernel_entry(ScalarType dtype, int head_dim, int rows);
 
-// The single-token decode kernel (token_kernel.cuh) for dtype and pipeline depth (3 or 4 stages);
-// nullptr when there is none.
-const void* token_kernel_entry(ScalarType dtype, int stages);
+// The single-token decode kernel (token_kernel.cuh) for dtype; nullptr when there is none.
+const void* token_kernel_entry(ScalarType dtype);
 
 }  // namespace msa::detail::cuda::paged

@@ -156,29 +156,15 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 1 || c.topk > kTokenMaxTopk) return false;
   if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
   const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
-  // The plan's depth: kTokenMaxStages when the grid has at most one CTA per SM (decided below), else
-  // kTokenMinStages; MSA_PAGED_TOKEN_STAGES=3|4 fixes it (benchmarks).
-  int forced_stages = 0;
-  if (const char* e = std::getenv("MSA_PAGED_TOKEN_STAGES"); e != nullptr && *e != 0) {
-    forced_stages = std::atoi(e);
-    MSA_CHECK(forced_stages == kTokenMinStages || forced_stages == kTokenMaxStages, kValue,
-              "msa.plan_decode: environment variable MSA_PAGED_TOKEN_STAGES: expected 3 or 4, got '", e, "'");
-  }
   int per_sm = INT32_MAX;
-  for (const int ns : {kTokenMinStages, kTokenMaxStages})
-    for (ScalarType t : kDtypes)
-      per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(t, ns), kTokenThreads,
-                                               token_smem(ns).total));
+  for (ScalarType t : kDtypes)
+    per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(t), kTokenThreads, kTokenSmemBytes));
   if (per_sm < 1) return false;
-  // Depth of a grid of `ctas` CTAs; clusters of n CTAs at that depth that fit the device at once.
-  const auto stages_for = [&](int64_t ctas) {
-    return forced_stages > 0 ? forced_stages : (ctas <= dev.sm_count ? kTokenMaxStages : kTokenMinStages);
-  };
-  const auto clusters_fit = [&](int64_t n, int ns) {
+  const auto clusters_fit = [&](int64_t n) {
     int fit = INT32_MAX;
     for (ScalarType t : kDtypes)
-      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t, ns), kTokenThreads,
-                                            token_smem(ns).total, static_cast<int>(n)));
+      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t), kTokenThreads, kTokenSmemBytes,
+                                            static_cast<int>(n)));
     return fit;
   };
   // Splits: fixed-size ranges when asked (batch-invariant; the kernel serves such a plan only when
@@ -195,7 +181,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
     splits = ceil_div64(n_max, so.fixed_split_blocks);
     if (so.max_splits > 0 && splits > so.max_splits) return false;
-    if (splits > 1 && clusters_fit(splits, stages_for(items * splits)) < 1) return false;
+    if (splits > 1 && clusters_fit(splits) < 1) return false;
   } else {
     const int64_t slots = dev.sm_count;
     splits = items >= slots ? 1 : std::min(slots / items, n_max);
@@ -203,7 +189,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     splits = std::clamp<int64_t>(splits, 1, kTokenMaxSplits);
     int64_t chosen = 1;
     for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}}) {
-      if (n > 1 && n <= splits && clusters_fit(n, stages_for(items * n)) >= items) {
+      if (n > 1 && n <= splits && clusters_fit(n) >= items) {
         chosen = n;
         break;
       }
@@ -221,9 +207,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.num_kv_heads = c.num_kv_heads;
   st.splits = static_cast<int>(splits);
   st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
-  const int stages = stages_for(items * splits);
-  st.stages = stages;
-  st.smem_bytes = token_smem(stages).total;
+  st.stages = kTokenStages;
+  st.smem_bytes = kTokenSmemBytes;
   st.spec_qo_len = 1;
   st.pdl = true;
   st.cluster_merge = splits > 1;

@@ -1,21 +1,13 @@
-// Instances of the single-token decode kernel: (bf16, fp16) x (3, 4) stages.
+// Instances of the single-token decode kernel (bf16, fp16).
 #include "cuda/paged/kernel_table.h"
 #include "cuda/paged/token_kernel.cuh"
 
 namespace msa::detail::cuda::paged {
 
-namespace {
-template <typename T>
-const void* for_stages(int stages) {
-  return stages == kTokenMaxStages ? reinterpret_cast<const void*>(&token_decode_kernel<T, kTokenMaxStages>)
-                                   : reinterpret_cast<const void*>(&token_decode_kernel<T, kTokenMinStages>);
-}
-}  // namespace
-
-const void* token_kernel_entry(ScalarType dtype, int stages) {
+const void* token_kernel_entry(ScalarType dtype) {
   switch (dtype) {
-    case ScalarType::kBF16: return for_stages<__nv_bfloat16>(stages);
-    case ScalarType::kF16: return for_stages<__half>(stages);
+    case ScalarType::kBF16: return reinterpret_cast<const void*>(&token_decode_kernel<__nv_bfloat16>);
+    case ScalarType::kF16: return reinterpret_cast<const void*>(&token_decode_kernel<__half>);
     default: return nullptr;
   }
 }

@@ -43,7 +43,7 @@ struct TokenTile {
   int32_t pad;
 };
 
-template <typename T, int NS>
+template <typename T>
 __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __grid_constant__ KernelParams kp) {
   using M = Mma<T>;
   constexpr int D = kTokenHeadDim;
@@ -56,14 +56,13 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const AttentionParams& p = kp.a;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.x, g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
-  constexpr TokenSmem L = token_smem(NS);
-  const uint32_t s_stages = smem_addr(smem);
-  const uint32_t s_q = smem_addr(smem) + L.q;
-  const uint32_t s_p = smem_addr(smem) + L.p;
-  float* red_max = reinterpret_cast<float*>(smem + L.red_max);  // [warp][row]
-  float* red_sum = reinterpret_cast<float*>(smem + L.red_sum);  // [warp][row]
-  TokenTile* tiles = reinterpret_cast<TokenTile*>(smem + L.tiles);
-  int* n_tiles_smem = reinterpret_cast<int*>(smem + L.count);
+  const uint32_t s_stages = smem_addr(smem) + kTokenSmemStages;
+  const uint32_t s_q = smem_addr(smem) + kTokenSmemQ;
+  const uint32_t s_p = smem_addr(smem) + kTokenSmemP;
+  float* red_max = reinterpret_cast<float*>(smem + kTokenSmemRedMax);  // [warp][row]
+  float* red_sum = reinterpret_cast<float*>(smem + kTokenSmemRedSum);  // [warp][row]
+  TokenTile* tiles = reinterpret_cast<TokenTile*>(smem + kTokenSmemTiles);
+  int* n_tiles_smem = reinterpret_cast<int*>(smem + kTokenSmemCount);
 
   grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
   allow_dependent_launch();
@@ -191,7 +190,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   __syncthreads();
   const int n_tiles = *n_tiles_smem;
 
-  // ---- 3. K/V tiles through a cp.async ring of NS stages ------------------------------------
+  // ---- 3. K/V tiles through a cp.async ring of kTokenStages stages ------------------------------------
   // Thread (row r0 + 16i, chunks t8 and t8 + 8): each instruction moves 128 contiguous bytes of a row;
   // rows past the tile's visible keys are zero-filled (nothing read), so P = 0 meets V = 0 there.
   const T* kg = static_cast<const T*>(p.k.data);
@@ -220,10 +219,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     cp_async_commit();  // empty groups too: the wait counts stay uniform
   };
 #pragma unroll
-  for (int x = 0; x < NS - 1; ++x) issue(x, x);
+  for (int x = 0; x < kTokenStages - 1; ++x) issue(x, x);
 
   // Q fragments (A operand of 8 k-steps) in registers; Q is the oldest cp.async group.
-  cp_async_wait<NS - 1>();
+  cp_async_wait<kTokenStages - 1>();
   __syncthreads();
   uint32_t qa[D / 16][4];
   {
@@ -238,14 +237,14 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   float o[4][4];
 #pragma unroll
   for (int n = 0; n < 4; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  int stage = 0, issue_stage = NS - 1;
+  int stage = 0, issue_stage = kTokenStages - 1;
   for (int x = 0; x < n_tiles; ++x) {
-    cp_async_wait<NS - 2>();
+    cp_async_wait<kTokenStages - 2>();
     __syncthreads();  // tile x landed for all; every warp is done with tile x-1 (its stage, P, sums)
-    issue(x + NS - 1, issue_stage);
-    issue_stage = issue_stage == NS - 1 ? 0 : issue_stage + 1;
+    issue(x + kTokenStages - 1, issue_stage);
+    issue_stage = issue_stage == kTokenStages - 1 ? 0 : issue_stage + 1;
     const uint32_t ks = s_stages + stage * kStageBytes, vs = ks + kTileBytes;
-    stage = stage == NS - 1 ? 0 : stage + 1;
+    stage = stage == kTokenStages - 1 ? 0 : stage + 1;
     const int visible = tiles[x].visible;
 
     float s[2][4];
@@ -377,7 +376,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // done reading after this barrier (and no copy is pending: the groups past the last tile are empty).
   cp_async_wait<0>();
   __syncthreads();
-  float* po = reinterpret_cast<float*>(smem);
+  float* po = reinterpret_cast<float*>(smem + kTokenSmemStages);
   float* plse = po + kTokenRows * D;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
