@@ -160,7 +160,16 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   const int G = p.group_size, GP = kp.group_pad, gp_shift = __ffs(GP) - 1;
   // The request's page-table row (read here, while the block list is built).
   int64_t row_base, row_len;
-  page_row(p.pages, b, row_base, row_len);
+  if (p.pages.indptr) {
+    int64_t a = p.pages.indptr[b], c = p.pages.indptr[b + 1];
+    a = a < 0 ? 0 : (a > p.pages.row_capacity ? p.pages.row_capacity : a);
+    c = c < a ? a : (c > p.pages.row_capacity ? p.pages.row_capacity : c);
+    row_base = a;
+    row_len = c - a;
+  } else {
+    row_base = static_cast<int64_t>(b) * p.pages.row_stride;
+    row_len = p.pages.row_capacity;
+  }
 
   // ---- 2a. Q tile -> shared (the last stage when Q then moves to registers) ---------------------
   // Rows are stored with their 16-byte chunks swizzled (chunk c of row r at c ^ (r & 7)), so the 8

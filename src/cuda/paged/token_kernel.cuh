@@ -85,7 +85,16 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // Keys [0, kv_hi) are visible to the token (causal: up to its position).
   const int kv_hi = p.causal ? max(0, min(kv_len, clamp_pos(pos + 1))) : kv_len;
   int64_t row_base, row_len;
-  page_row(p.pages, b, row_base, row_len);
+  if (p.pages.indptr) {
+    int64_t a = p.pages.indptr[b], c = p.pages.indptr[b + 1];
+    a = a < 0 ? 0 : (a > p.pages.row_capacity ? p.pages.row_capacity : a);
+    c = c < a ? a : (c > p.pages.row_capacity ? p.pages.row_capacity : c);
+    row_base = a;
+    row_len = c - a;
+  } else {
+    row_base = static_cast<int64_t>(b) * p.pages.row_stride;
+    row_len = p.pages.row_capacity;
+  }
   const int G = p.group_size;
 
   // ---- 2a. Q: 16 rows (heads g*G .. g*G+G-1, zeros past G) x 128 dims, 16-byte chunks swizzled -------
