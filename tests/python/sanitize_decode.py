@@ -1,8 +1,8 @@
 """A small pass over every path of the paged CUDA kernels, sized for compute-sanitizer (each launch
-runs once): sparse and dense decode, split and unsplit (merge in a cluster and through the workspace),
-multi-token tiles, padded groups, odd page sizes, the flat table and the slot-major pool, prefill tiles,
-merge_states and build_page_table, plus device values that must be clamped. Exits non-zero on a wrong
-result.
+runs once): sparse and dense decode, split and unsplit (merge in a cluster, pulled or pushed, and
+through the workspace), multi-token tiles, padded groups, odd page sizes, the flat table and the
+slot-major pool, prefill tiles, merge_states and build_page_table, plus device values that must be
+clamped. Exits non-zero on a wrong result.
 
     PYTHONPATH=build/python compute-sanitizer --tool memcheck  python3 tests/python/sanitize_decode.py
     PYTHONPATH=build/python compute-sanitizer --tool racecheck python3 tests/python/sanitize_decode.py
@@ -56,6 +56,10 @@ def main():
     check("decode sparse, split", prob([1, 1], [3000, 700]))
     check("decode sparse, unsplit", prob([1, 1], [3000, 700]), max_splits=1)
     check("decode sparse, fixed split", prob([1, 1], [3000, 700], topk=32), fixed_split_blocks=3)
+    os.environ["MSA_PAGED_TOKEN_MERGE"] = "push"  # the single-token kernel's opt-in push merge
+    check("decode sparse, split, push merge", prob([1, 1], [3000, 700]))
+    check("decode sparse, 3 splits, G=12, push merge", prob([1, 1, 1], [3000, 700, 129], g=12), max_splits=3)
+    del os.environ["MSA_PAGED_TOKEN_MERGE"]
     # 24 splits: more than a cluster holds, so the merge goes through the workspace and the last CTA
     # (on sm_90 the splits above merge inside a thread-block cluster).
     check("decode sparse, workspace merge", prob([1, 1], [3000, 700], topk=32), fixed_split_blocks=1)

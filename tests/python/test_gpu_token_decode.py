@@ -1,9 +1,10 @@
 """The single-token decode kernel (src/cuda/paged/token_kernel.cuh, sm_90) against the float64 reference,
-and the general paged kernel on the same problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per
-request, head dim 128, G <= 16, top-k <= 32, pages of a multiple of 64 tokens. Unsorted rows with -1
-slots and duplicates, empty rows, qo_len 0 requests (the guessed token row is wrong), lengths that end
-inside a 64-key tile, prefixes, non-causal, the slot-major pool, flat page tables, the [Hkv, T, topk]
-index layout, bad pages, splits forced or fixed, fp16. Outputs are poisoned (NaN) before every run.
+with either split merge (MSA_PAGED_TOKEN_MERGE=pull|push), and the general paged kernel on the same
+problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per request, head dim 128, G <= 16, top-k <= 32,
+pages of a multiple of 64 tokens. Unsorted rows with -1 slots and duplicates, empty rows, qo_len 0
+requests (the guessed token row is wrong), lengths that end inside a 64-key tile, prefixes,
+non-causal, the slot-major pool, flat page tables, the [Hkv, T, topk] index layout, bad pages, splits
+forced or fixed, fp16. Outputs are poisoned (NaN) before every run.
 
     PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/test_gpu_token_decode.py
 """
@@ -18,13 +19,15 @@ from test_gpu_attention import check, plan_for, problem, run_gpu  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-KERNELS = ["token", "general"]
+KERNELS = ["token", "token-push", "general"]
 
 
 @pytest.fixture(params=KERNELS)
 def kernel(request, monkeypatch):
-    """Which kernel serves the plans made in the test (read at plan time)."""
-    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1" if request.param == "token" else "0")
+    """Which kernel serves the plans made in the test, and the token kernel's split merge (read at plan
+    time; the push merge is opt-in until it has run on a GPU)."""
+    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "0" if request.param == "general" else "1")
+    monkeypatch.setenv("MSA_PAGED_TOKEN_MERGE", "push" if request.param == "token-push" else "pull")
     return request.param
 
 
@@ -98,3 +101,22 @@ def test_bad_pages_do_not_crash(rng, kernel):
     o, lse = run_gpu(plan_for(prob, max_qo_len=1), prob)
     assert not np.isnan(o).any() and not np.isnan(lse).any()
     mt.assert_close(o[2:], o_ref[2:])
+
+
+@pytest.mark.parametrize("split", [dict(), dict(max_splits=3), dict(max_splits=2), dict(fixed_split_blocks=5)])
+@pytest.mark.parametrize("group", [16, 12, 1])
+def test_push_merge_is_bitwise_the_pull_merge(rng, monkeypatch, split, group):
+    """Same partial rows, same split order, same arithmetic: the two merges give the same bits (16 / 3 / 2
+    splits, fixed ranges; groups with padding rows and with a single row, so that some CTAs own none)."""
+    prob = decode_problem(rng, [30000, 9000, 700], group=group, num_kv_heads=2, topk=32)
+    tensors = mt.to_torch(prob, "cuda", torch.bfloat16)
+    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1")
+    monkeypatch.setenv("MSA_PAGED_TOKEN_MERGE", "pull")
+    o1, l1 = run_gpu(plan_for(prob, **split), prob, tensors)
+    monkeypatch.setenv("MSA_PAGED_TOKEN_MERGE", "push")
+    o2, l2 = run_gpu(plan_for(prob, **split), prob, tensors)
+    np.testing.assert_array_equal(o2, o1)
+    np.testing.assert_array_equal(l2, l1)
+    o_ref, lse_ref = mt.ref_attention(prob)
+    mt.assert_close(o2, o_ref)
+    mt.assert_lse_close(l2, lse_ref)

@@ -155,15 +155,26 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   if (dev.cc < 90 || plan.max_qo_len() > 1 || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
   if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 1 || c.topk > kTokenMaxTopk) return false;
   if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
+  // Split merge: the pull merge of split_merge.cuh, or MSA_PAGED_TOKEN_MERGE=push (token_kernel.cuh; not
+  // yet run on a GPU, so not the default), which takes kTokenSmemPushBytes when the plan splits.
+  bool push = false;
+  if (const char* e = std::getenv("MSA_PAGED_TOKEN_MERGE"); e != nullptr && *e != 0 && std::strcmp(e, "pull") != 0) {
+    MSA_CHECK(std::strcmp(e, "push") == 0, kValue,
+              "msa.plan_decode: environment variable MSA_PAGED_TOKEN_MERGE: expected 'pull' or 'push', got '", e, "'");
+    push = true;
+  }
+  const uint32_t split_smem = push ? kTokenSmemPushBytes : kTokenSmemBytes;  // of a plan with splits
   const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
   int per_sm = INT32_MAX;
-  for (ScalarType t : kDtypes)
+  for (ScalarType t : kDtypes) {
     per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(t), kTokenThreads, kTokenSmemBytes));
+    if (push) (void)prepare_kernel(dev.device, token_kernel_entry(t, true), kTokenThreads, kTokenSmemPushBytes);
+  }
   if (per_sm < 1) return false;
   const auto clusters_fit = [&](int64_t n) {
     int fit = INT32_MAX;
     for (ScalarType t : kDtypes)
-      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t), kTokenThreads, kTokenSmemBytes,
+      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t, push), kTokenThreads, split_smem,
                                             static_cast<int>(n)));
     return fit;
   };
@@ -208,7 +219,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.splits = static_cast<int>(splits);
   st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
   st.stages = kTokenStages;
-  st.smem_bytes = kTokenSmemBytes;
+  st.push_merge = push && splits > 1;
+  st.smem_bytes = st.push_merge ? kTokenSmemPushBytes : kTokenSmemBytes;
   st.spec_qo_len = 1;
   st.pdl = true;
   st.cluster_merge = splits > 1;

@@ -11,7 +11,7 @@ namespace msa::detail::cuda::paged {
 
 void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream) {
   MSA_CHECK(s.unsupported.empty(), kNotImplemented, s.unsupported);
-  const void* fn = s.token_kernel ? token_kernel_entry(p.dtype) : kernel_entry(p.dtype, s.head_dim, s.rows);
+  const void* fn = s.token_kernel ? token_kernel_entry(p.dtype, s.push_merge) : kernel_entry(p.dtype, s.head_dim, s.rows);
   MSA_CHECK(fn != nullptr, kType, "msa.attention: argument 'q': the CUDA paged attention kernels take bfloat16 or "
             "float16, got scalar type ", static_cast<int>(p.dtype));
   MSA_CHECK(p.head_dim == s.head_dim && p.head_dim_v == s.head_dim, kValue,

@@ -27,9 +27,17 @@ constexpr uint32_t kTokenSmemRedSum = kTokenSmemRedMax + 4u * kTokenRows * 4u;
 constexpr uint32_t kTokenSmemTiles = kTokenSmemRedSum + 4u * kTokenRows * 4u;
 constexpr uint32_t kTokenSmemCount = kTokenSmemTiles + 2u * kTokenMaxTopk * 24u;
 constexpr uint32_t kTokenSmemBytes = kTokenSmemCount + 16u;
+// The push merge (MSA_PAGED_TOKEN_MERGE=push, token_kernel.cuh) adds, past the above, its barrier and
+// the rows the other splits send: at most 32 (splits x rows per split: S * ceil(16 / S) <= 30).
+constexpr int kTokenRecvRows = 32;
+constexpr uint32_t kTokenSmemMergeBar = kTokenSmemBytes;
+constexpr uint32_t kTokenSmemRecvLse = kTokenSmemMergeBar + 16u;
+constexpr uint32_t kTokenSmemRecvO = kTokenSmemRecvLse + kTokenRecvRows * 4u;
+constexpr uint32_t kTokenSmemPushBytes = kTokenSmemRecvO + kTokenRecvRows * kTokenHeadDim * 4u;
 
 static_assert(kTokenRows * kTokenHeadDim * 4u + kTokenRows * 4u <= kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
               "the merge rows fit the stage memory");
 static_assert(kTokenSmemTiles % 8 == 0, "tile records hold int64 offsets");
+static_assert(kTokenSmemMergeBar % 8 == 0 && kTokenSmemRecvO % 16 == 0, "barrier and row alignment");
 
 }  // namespace msa::detail::cuda::paged

@@ -15,7 +15,8 @@
 //    through shared memory (two barriers), and split the head dim 32 columns apiece for O += P V: the
 //    softmax state is the same in every warp, so there is no combine at the end;
 //  * splits (<= 16) merge inside a thread-block cluster through distributed shared memory
-//    (split_merge.cuh, the same merge as the general kernel).
+//    (split_merge.cuh, the same merge as the general kernel), or, with kPushMerge
+//    (MSA_PAGED_TOKEN_MERGE=push, not yet run on a GPU), by pushing: see push_merge below.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,6 +24,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cuda/ptx>
 
 #include "cuda/paged/config.cuh"
 #include "cuda/paged/kernel_params.cuh"
@@ -43,7 +45,54 @@ struct TokenTile {
   int32_t pad;
 };
 
-template <typename T>
+// The push merge (kPushMerge, S > 1; written in the third session with no device time left, not yet run
+// on a GPU). The pull merge of split_merge.cuh costs two cluster barriers: every CTA waits for the
+// slowest split, reads the other splits' rows through distributed shared memory, and then waits until
+// every CTA is done reading its own rows before it may exit (D-B1: 52% of the warp samples sat at
+// those barriers under ncu). Here each CTA owns rows r = rank + jS as before, but the other splits
+// send it those rows with st.async, which completes bytes on the owner's mbarrier: a sender exits as
+// soon as its stores are issued (they read registers, not its shared memory), and an owner merges as
+// soon as its own rows have arrived, from its own shared memory. One cluster barrier remains, split
+// into an arrive at the start (after the mbarrier's init) and a wait before the first send, by which
+// time every CTA of the cluster has long arrived. The merge arithmetic is merge_splits_in_cluster's,
+// in the same split order, so the result is bitwise the pull merge's.
+template <int D, typename RealRow, typename Emit>
+__device__ __forceinline__ void push_merge_receive(const float* recv_o, const float* recv_lse, int S, int rank,
+                                                   int rows_per_split, int owned, const RealRow& real,
+                                                   const Emit& emit) {
+  constexpr int kChunks = D / 8;
+  for (int u = threadIdx.x; u < owned * kChunks; u += kTokenThreads) {
+    const int jj = u / kChunks, c = u - jj * kChunks, r = rank + jj * S;
+    if (!real(r)) continue;
+    float ls[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) ls[s] = s < S ? recv_lse[s * rows_per_split + jj] : -INFINITY;
+    float m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) m = lse_fold_max(m, ls[s]);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float lse = -INFINITY;
+    if (m != -INFINITY) {  // merge_splits_in_cluster's arithmetic, in the same order
+      float sum = 0.f;
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        if (s >= S || ls[s] == -INFINITY) continue;
+        const float wt = lse_weight(ls[s], m);
+        sum += wt;
+        const float4* row = reinterpret_cast<const float4*>(recv_o + (s * rows_per_split + jj) * D + c * 8);
+        const float4 x = row[0], z = row[1];
+        acc[0] += wt * x.x, acc[1] += wt * x.y, acc[2] += wt * x.z, acc[3] += wt * x.w;
+        acc[4] += wt * z.x, acc[5] += wt * z.y, acc[6] += wt * z.z, acc[7] += wt * z.w;
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] /= sum;
+      lse = m + logf(sum);
+    }
+    emit(r, c, acc, lse);
+  }
+}
+
+template <typename T, bool kPushMerge>
 __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __grid_constant__ KernelParams kp) {
   using M = Mma<T>;
   constexpr int D = kTokenHeadDim;
@@ -96,6 +145,23 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     row_len = p.pages.row_capacity;
   }
   const int G = p.group_size;
+  // Rows of the group the CTA of cluster rank `split` owns in a merge: r = split + jS < G.
+  const auto owned_rows = [&] { return split < G ? (G - 1 - split) / S + 1 : 0; };
+  if constexpr (kPushMerge) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (S > 1) {
+      namespace ptx = ::cuda::ptx;
+      if (tid == 0) {  // one arrival, announcing the bytes every split will send this CTA
+        uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
+        ptx::mbarrier_init(merge_bar, 1);
+        ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+        (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, merge_bar,
+                                             static_cast<uint32_t>(owned_rows() * S * (D * 4 + 4)));
+      }
+      ptx::barrier_cluster_arrive(ptx::sem_relaxed);
+    }
+#endif
+  }
 
   // ---- 2a. Q: 16 rows (heads g*G .. g*G+G-1, zeros past G) x 128 dims, 16-byte chunks swizzled -------
   {
@@ -372,6 +438,47 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     }
     return;
   }
+  // The merged rows' writer (a chunk of 8 values of row r, and its lse with chunk 0).
+  const auto real_row = [&](int r) { return r < G; };
+  const auto emit = [&](int r, int c, const float (&acc)[8], float row_lse) {
+    uint4 pk;
+    pk.x = M::pack(acc[0], acc[1]);
+    pk.y = M::pack(acc[2], acc[3]);
+    pk.z = M::pack(acc[4], acc[5]);
+    pk.w = M::pack(acc[6], acc[7]);
+    *reinterpret_cast<uint4*>(og + r * p.o_stride_head + c * 8) = pk;
+    if (lseg && c == 0) lseg[r * p.lse_stride_head] = row_lse;
+  };
+  if constexpr (kPushMerge) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace ptx = ::cuda::ptx;
+    uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
+    ptx::barrier_cluster_wait();  // every CTA of the cluster has initialized its barrier
+    const int rows_per_split = (kTokenRows + S - 1) / S;
+    float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
+    float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);      // [S][rows_per_split][D]
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = row0 + 8 * j;
+      if (r >= G) continue;
+      const unsigned owner = static_cast<unsigned>(r % S);
+      const int slot = split * rows_per_split + r / S;
+      uint64_t* bar = static_cast<uint64_t*>(__cluster_map_shared_rank(merge_bar, owner));
+      float* dst = static_cast<float*>(__cluster_map_shared_rank(recv_o + slot * D, owner));
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const float v[2] = {o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]};
+        ptx::st_async(dst + warp * 32 + n * 8 + 2 * (lane & 3), v, bar);
+      }
+      if (warp == 0 && (lane & 3) == 0)
+        ptx::st_async(static_cast<float*>(__cluster_map_shared_rank(recv_lse + slot, owner)), lse[j], bar);
+    }
+    while (!ptx::mbarrier_try_wait_parity(ptx::sem_acquire, ptx::scope_cluster, merge_bar, 0u)) {
+    }
+    push_merge_receive<D>(recv_o, recv_lse, S, split, rows_per_split, owned_rows(), real_row, emit);
+#endif
+    return;
+  }
   // The split's normalized rows (fp32 [16][128], then 16 lse) go to stage memory, which every warp is
   // done reading after this barrier (and no copy is pending: the groups past the last tile are empty).
   cp_async_wait<0>();
@@ -388,16 +495,6 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     }
     if (warp == 0 && (lane & 3) == 0) plse[r] = lse[j];
   }
-  const auto real_row = [&](int r) { return r < G; };
-  const auto emit = [&](int r, int c, const float (&acc)[8], float row_lse) {
-    uint4 pk;
-    pk.x = M::pack(acc[0], acc[1]);
-    pk.y = M::pack(acc[2], acc[3]);
-    pk.z = M::pack(acc[4], acc[5]);
-    pk.w = M::pack(acc[6], acc[7]);
-    *reinterpret_cast<uint4*>(og + r * p.o_stride_head + c * 8) = pk;
-    if (lseg && c == 0) lseg[r * p.lse_stride_head] = row_lse;
-  };
   merge_splits_in_cluster<D, kTokenRows, kTokenThreads>(smem_addr(po), smem_addr(plse), S, split, real_row, emit);
 }
 
