@@ -1,6 +1,7 @@
 """Decode attention benchmark: the D-* workloads of spec/benchmarks.md on msa's CUDA decode kernels.
 
-    PYTHONPATH=build/python python3 bench/decode.py [--quick] [--shape M3-TP1] [--sweep-splits]
+    PYTHONPATH=build/python python3 bench/decode.py [--quick] [--shape M3-TP1] [--sweep-splits] [--only D-B1,D-B32]
+        [--variants 'a:VAR=V;b:VAR=V'] [--floor] [--pool-pages N]
 
 Workloads (D=128, blocks = pages = 128 tokens, top-16, bf16): D-B{1,8,32,64,128} (B requests of 65536
 cached tokens, one query token each), D-mixed (B=64, lengths uniform in [1024, 131072]), D-mtp (B=32,
