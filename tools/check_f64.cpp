@@ -4,6 +4,8 @@
 #include <cmath>
 #include <mutex>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "bf16.h"
 #include "parallel.h"
@@ -111,6 +113,59 @@ CheckResult check_rows(const Workload& w, const uint16_t* o, const std::vector<C
   // An all-zero reference (no visible key anywhere) only passes with an all-zero output.
   r.rel_l2 = ref2 > 0.0 ? std::sqrt(diff2 / ref2) : (diff2 > 0.0 ? INFINITY : 0.0);
   return r;
+}
+
+int64_t check_selections(const Workload& w, const std::vector<CheckRow>& rows) {
+  const AttentionConfig& c = w.cfg;
+  std::vector<std::pair<int64_t, int>> pairs;  // distinct (token, KV head)
+  for (const CheckRow& r : rows) pairs.emplace_back(r.token, r.head / c.group_size());
+  std::sort(pairs.begin(), pairs.end());
+  pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
+  std::mutex mu;
+  int64_t bad = 0;
+  parallel_for(static_cast<int64_t>(pairs.size()), 8, [&](int64_t begin, int64_t end) {
+    int64_t local_bad = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const auto [t, g] = pairs[i];
+      const int64_t b = w.request_of(t), pos = w.position_of(t);
+      const int64_t visible_end = std::min<int64_t>(w.kv_lens[b], pos + 1);  // keys [0, visible_end)
+      const int64_t n_valid = visible_end <= 0 ? 0 : (visible_end - 1) / c.block_size + 1;
+      const uint16_t* qr = w.q_index.data.get() + (t * c.num_kv_heads + g) * kIndexHeadDim;
+      std::vector<double> score(n_valid, -INFINITY);
+      for (int64_t j = 0; j < visible_end; ++j) {
+        const uint16_t* kr = w.k_index.data.get() + w.index_k_offset(b, j);
+        double s = 0.0;
+        for (int d = 0; d < kIndexHeadDim; ++d) s += double(bf16_to_float(qr[d])) * bf16_to_float(kr[d]);
+        score[j / c.block_size] = std::max(score[j / c.block_size], s);
+      }
+      const int32_t* row = w.block_idx.data() + (t * c.num_kv_heads + g) * c.topk;
+      const int64_t want = std::min<int64_t>(c.topk, n_valid);
+      bool ok = true;
+      std::vector<char> chosen(n_valid, 0);
+      for (int k = 0; k < c.topk && ok; ++k) {
+        if (k < want) {
+          ok = row[k] >= 0 && row[k] < n_valid && (k == 0 || row[k] > row[k - 1]);
+          if (ok) chosen[row[k]] = 1;
+        } else {
+          ok = row[k] == -1;
+        }
+      }
+      // Forced: the first kForceBegin and the last kForceEnd valid blocks (the own block is the last).
+      for (int64_t e = 0; ok && e < n_valid; ++e)
+        if ((e < kForceBegin || e >= n_valid - kForceEnd) && !chosen[e]) ok = false;
+      double weakest = INFINITY, strongest_left = -INFINITY;
+      for (int64_t e = 0; ok && e < n_valid; ++e) {
+        if (e < kForceBegin || e >= n_valid - kForceEnd) continue;
+        if (chosen[e]) weakest = std::min(weakest, score[e]);
+        else strongest_left = std::max(strongest_left, score[e]);
+      }
+      if (ok && weakest != INFINITY && strongest_left > weakest + 1e-3 * std::max(1.0, std::abs(weakest))) ok = false;
+      if (!ok) ++local_bad;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    bad += local_bad;
+  });
+  return bad;
 }
 
 }  // namespace msa::cli

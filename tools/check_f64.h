@@ -30,4 +30,11 @@ struct CheckResult {
 // o: the backend's output [total_q, Hq, D] in bf16.
 CheckResult check_rows(const Workload& w, const uint16_t* o, const std::vector<CheckRow>& rows);
 
+// Pattern indexer: the selections of the (token, KV head) rows behind `rows` (w.block_idx, as the layer
+// wrote it) against float64 block scores (max over the block's visible keys of index q . index k):
+// ascending with -1 at the tail, min(top-k, valid blocks) entries, the own block in, and no block left
+// out that scores above a chosen non-forced one by more than a relative 1e-3 (the fp32 accumulation of
+// a 128-term dot product; ties may go either way). Returns how many rows fail.
+int64_t check_selections(const Workload& w, const std::vector<CheckRow>& rows);
+
 }  // namespace msa::cli

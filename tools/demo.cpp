@@ -99,7 +99,7 @@ bool run_phase(const PhaseJob& job, bool cuda, const DemoOptions& opt, const Dem
   const std::string prefix = std::string(job.name) + ": ";
   try {
     progress(prefix + "building synthetic data (" + format_bytes(workload_bytes(job.spec)) + " on the host)");
-    const Workload w = make_workload(job.spec);
+    Workload w = make_workload(job.spec);
     progress(prefix + format("running on %s, %d timed run%s%s", row.backend.c_str(), sizes.repeat,
                              sizes.repeat == 1 ? "" : "s", cuda ? " after a warm-up" : ""));
 #ifdef MSA_WITH_CUDA
@@ -113,14 +113,23 @@ bool run_phase(const PhaseJob& job, bool cuda, const DemoOptions& opt, const Dem
       row.rate = w.phase == Phase::kPrefill ? format_rate(effective_flops(w) / (ms * 1e-3), "FLOP")
                                             : format_rate(effective_bytes(w) / (ms * 1e-3), "B");
     const auto rows = sample_rows(w, opt.check_rows, stream_key(job.spec.seed, {kTagCheck}));
+    int64_t bad_selections = 0;
+    if (w.indexer) {  // the attention is checked over the blocks the layer's indexer chose
+      w.block_idx = r.block_idx;
+      progress(prefix + "checking the selections of those rows against float64 block scores");
+      bad_selections = check_selections(w, rows);
+    }
     progress(prefix + format("checking %lld (token, head) rows against float64", static_cast<long long>(rows.size())));
     const CheckResult c = check_rows(w, r.o.data(), rows);
+    const bool pass = c.pass() && bad_selections == 0;
     row.max_abs = format("%.2e", c.max_abs);
     row.rel_l2 = format("%.2e", c.rel_l2);
-    row.verdict = c.pass() ? "pass" : "FAIL";
+    row.verdict = pass ? "pass" : "FAIL";
     if (c.nan_values > 0) row.verdict += format(" (%lld NaN/inf values)", static_cast<long long>(c.nan_values));
+    if (bad_selections > 0)
+      row.verdict += format(" (%lld selection rows wrong)", static_cast<long long>(bad_selections));
     print_row(row);
-    return c.pass();
+    return pass;
   } catch (const std::bad_alloc&) {
     row.verdict = "ERROR";
     print_row(row);
@@ -158,9 +167,10 @@ int demo_main(int argc, char** argv) {
 #ifdef MSA_WITH_CUDA
   if (cuda) where = cuda_device_name();
 #endif
-  std::printf("msa demo: MiniMax-M3 %s attention, Hq=%d Hkv=%d D=%d, page %d, block %d, bf16\n",
-              opt.dense ? "dense paged" : format("sparse (top-k %d)", kTopk).c_str(), kNumQoHeads, kNumKvHeads,
-              kHeadDim, kPageSize, kBlockSize);
+  std::printf("msa demo: MiniMax-M3 %s attention%s, Hq=%d Hkv=%d D=%d, page %d, block %d, bf16\n",
+              opt.dense ? "dense paged" : format("sparse (top-k %d)", kTopk).c_str(),
+              opt.pattern == Pattern::kIndexer ? " with its indexer (the whole layer)" : "", kNumQoHeads,
+              kNumKvHeads, kHeadDim, kPageSize, kBlockSize);
   std::printf("          on %s; pattern %s, seed %llu; time: median of %d run%s%s\n", where.c_str(),
               opt.dense ? "-" : pattern_name(opt.pattern), static_cast<unsigned long long>(opt.seed), sizes.repeat,
               sizes.repeat == 1 ? "" : "s", cuda ? " after a warm-up" : "");

@@ -36,7 +36,9 @@ Pattern parse_pattern(std::string_view text) {
   if (text == "random") return Pattern::kRandom;
   if (text == "clustered") return Pattern::kClustered;
   if (text == "shared") return Pattern::kShared;
-  throw UsageError("option --pattern: expected random, clustered or shared, got '" + std::string(text) + "'");
+  if (text == "indexer") return Pattern::kIndexer;
+  throw UsageError("option --pattern: expected random, clustered, shared or indexer, got '" + std::string(text) +
+                   "'");
 }
 
 }  // namespace
@@ -46,6 +48,7 @@ const char* pattern_name(Pattern p) {
     case Pattern::kRandom: return "random";
     case Pattern::kClustered: return "clustered";
     case Pattern::kShared: return "shared";
+    case Pattern::kIndexer: return "indexer";
   }
   return "?";
 }
@@ -91,6 +94,8 @@ DemoOptions parse_demo_options(int argc, char** argv) {
     else if (name == "--check-rows") o.check_rows = parse_int<int64_t>(name, value, 1, kMaxLen);
     else if (name == "--repeat") o.repeat = parse_int<int>(name, value, 1, 100000);
   }
+  if (o.dense && o.pattern == Pattern::kIndexer)
+    throw UsageError("options --dense and --pattern indexer: dense attention selects no blocks; pass one of them");
   return o;
 }
 
@@ -140,7 +145,7 @@ std::string demo_help() {
         "  --decode-len N            keys per decode request, the new token included (default "
      << kCpuDefaults.decode_len << " / " << kCudaDefaults.decode_len
      << ")\n"
-        "  --pattern random|clustered|shared\n"
+        "  --pattern random|clustered|shared|indexer\n"
         "                            block selection, the own block always in (default random):\n"
         "                            random = "
      << kTopk - 1
@@ -148,7 +153,11 @@ std::string demo_help() {
         "                            and "
      << kTopk - 2 << " of " << kClusterCandidates
      << " candidates fixed per 128-token query block;\n"
-        "                            shared = one selection per query block\n"
+        "                            shared = one selection per query block; indexer = the whole\n"
+        "                            layer is run and timed: block scores of index queries (one head\n"
+        "                            per KV head, D=" << kIndexHeadDim << ") over an index-K cache, top-k with the own\n"
+        "                            block forced, then the attention (msa::sparse_attention_layer);\n"
+        "                            its selections are checked against float64 scores too\n"
         "  --check-rows N            (token, head) rows checked per phase (default "
      << kDefaultCheckRows
      << ")\n"

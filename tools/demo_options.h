@@ -18,6 +18,13 @@ inline constexpr int kBlockSize = 128;
 // Pattern clustered: candidate blocks fixed per (128-token query block, KV head) that each token
 // draws its top-k - 2 non-forced blocks from (spec/benchmarks.md).
 inline constexpr int kClusterCandidates = 24;
+// Pattern indexer: the lightning indexer of M3 picks the blocks. One index query head per KV head, one
+// index-K head shared by them (spec/benchmarks.md "Indexer"), head dim 128; the own block is forced
+// (the last valid block of a token's causal row).
+inline constexpr int kIndexHeadDim = 128;
+inline constexpr int kIndexKHeads = 1;
+inline constexpr int kForceBegin = 0;
+inline constexpr int kForceEnd = 1;
 
 // The contract's tolerance against float64 (contract §3) for bf16 inputs.
 inline constexpr double kMaxRelL2 = 1e-2;
@@ -34,7 +41,7 @@ inline constexpr DemoSizes kCudaDefaults{4096, 28672, 64, 65536, 10};
 inline constexpr int64_t kDefaultCheckRows = 512;
 
 enum class BackendChoice { kAuto, kCpu, kCuda };
-enum class Pattern { kRandom, kClustered, kShared };
+enum class Pattern { kRandom, kClustered, kShared, kIndexer };
 
 const char* pattern_name(Pattern p);
 

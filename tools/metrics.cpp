@@ -16,7 +16,14 @@ double effective_flops(const Workload& w) {
         pairs += static_cast<double>(std::max<int64_t>(0, end - int64_t(blk) * c.block_size));
       }
   }
-  return 4.0 * c.head_dim * c.group_size() * pairs;
+  double flops = 4.0 * c.head_dim * c.group_size() * pairs;
+  if (w.indexer) {
+    double visible = 0.0;  // (token, key) pairs the block scores read
+    for (int64_t t = 0; t < w.total_q; ++t)
+      visible += static_cast<double>(std::min<int64_t>(w.kv_lens[w.request_of(t)], w.position_of(t) + 1));
+    flops += 2.0 * kIndexHeadDim * c.num_kv_heads * visible;
+  }
+  return flops;
 }
 
 double effective_bytes(const Workload& w) {
@@ -35,7 +42,12 @@ double effective_bytes(const Workload& w) {
   }
   const double kv_bytes = keys * (c.head_dim + c.dv()) * kElemBytes;
   const double qo_bytes = static_cast<double>(w.total_q) * c.num_qo_heads * (c.head_dim + c.dv()) * kElemBytes;
-  return kv_bytes + qo_bytes;
+  double index_bytes = 0.0;
+  if (w.indexer) {
+    for (int64_t b = 0; b < w.batch(); ++b) index_bytes += static_cast<double>(w.kv_lens[b]) * kIndexKHeads;
+    index_bytes = (index_bytes + static_cast<double>(w.total_q) * c.num_kv_heads) * kIndexHeadDim * kElemBytes;
+  }
+  return kv_bytes + qo_bytes + index_bytes;
 }
 
 }  // namespace msa::cli

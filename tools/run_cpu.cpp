@@ -1,4 +1,5 @@
 #include <chrono>
+#include <vector>
 
 #include "bf16.h"
 #include "runner.h"
@@ -20,6 +21,15 @@ RunResult run_on_cpu(const Workload& w, int repeat) {
   buf.qo_indptr = const_cast<int32_t*>(w.qo_indptr.data());
   buf.kv_lens = const_cast<int32_t*>(w.kv_lens.data());
   buf.block_idx = w.block_idx.empty() ? nullptr : const_cast<int32_t*>(w.block_idx.data());
+  std::vector<float> scores;
+  if (w.indexer) {  // the layer writes its selections into the result, its scores into a workspace
+    r.block_idx.assign(w.block_idx.size(), -1);
+    buf.block_idx = r.block_idx.data();
+    scores.resize(static_cast<size_t>(w.total_q) * w.cfg.num_kv_heads * w.max_blocks);
+    buf.q_index = w.q_index.data.get();
+    buf.k_index = w.k_index.data.get();
+    buf.scores = scores.data();
+  }
   const AttentionArgs a = attention_args(w, buf, cpu);
   const Plan plan = make_plan(w, cpu);
   RunOptions opts;
@@ -27,7 +37,7 @@ RunResult run_on_cpu(const Workload& w, int repeat) {
   opts.validate = true;
   for (int i = 0; i < repeat; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    attention(plan, a.q, a.k, a.v, a.pages, a.seqs, a.block_idx, a.o, {}, opts);
+    run_call(w, plan, a, opts);
     const auto t1 = std::chrono::steady_clock::now();
     r.times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }

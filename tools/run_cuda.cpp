@@ -78,6 +78,11 @@ RunResult run_on_cuda(const Workload& w, int repeat) {
   DeviceArray qo_indptr(w.qo_indptr.data(), w.qo_indptr.size(), "copy qo_indptr");
   DeviceArray kv_lens(w.kv_lens.data(), w.kv_lens.size(), "copy kv_lens");
   DeviceArray block_idx(w.block_idx.data(), w.block_idx.size(), "copy block_idx");
+  // Pattern indexer: the index queries and keys, and the layer's fp32 scores workspace.
+  DeviceArray q_index(w.q_index.data.get(), static_cast<size_t>(w.q_index.size), "copy index q"),
+      k_index(w.k_index.data.get(), static_cast<size_t>(w.k_index.size), "copy index k"),
+      scores(w.indexer ? static_cast<size_t>(w.total_q) * w.cfg.num_kv_heads * w.max_blocks * sizeof(float) : 0,
+             "allocate scores");
   // All ones is a bf16 NaN: a row the kernels never write fails the check.
   cuda_check(cudaMemset(o.get(), 0xff, o_elems * 2), "fill o");
   // Copies from pageable memory and memsets may still be in flight on the legacy stream, which the
@@ -88,6 +93,7 @@ RunResult run_on_cuda(const Workload& w, int repeat) {
   buf.q = q.get(), buf.k = k.get(), buf.v = v.get(), buf.o = o.get();
   buf.page_table = page_table.ints(), buf.qo_indptr = qo_indptr.ints(), buf.kv_lens = kv_lens.ints();
   buf.block_idx = w.block_idx.empty() ? nullptr : block_idx.ints();
+  buf.q_index = q_index.get(), buf.k_index = k_index.get(), buf.scores = static_cast<float*>(scores.get());
   const AttentionArgs a = attention_args(w, buf, dev);
   const Plan plan = make_plan(w, dev);
   Stream stream;
@@ -96,7 +102,7 @@ RunResult run_on_cuda(const Workload& w, int repeat) {
 
   // Warm-up, with the deep scan of lengths, page ids and block ids (it synchronizes: untimed only).
   opts.validate = true;
-  attention(plan, a.q, a.k, a.v, a.pages, a.seqs, a.block_idx, a.o, {}, opts);
+  run_call(w, plan, a, opts);
   cuda_check(cudaStreamSynchronize(stream.s), "warm-up run");
   opts.validate = false;
 
@@ -104,7 +110,7 @@ RunResult run_on_cuda(const Workload& w, int repeat) {
   std::vector<Event> start(repeat), stop(repeat);
   for (int i = 0; i < repeat; ++i) {
     cuda_check(cudaEventRecord(start[i].e, stream.s), "cudaEventRecord");
-    attention(plan, a.q, a.k, a.v, a.pages, a.seqs, a.block_idx, a.o, {}, opts);
+    run_call(w, plan, a, opts);
     cuda_check(cudaEventRecord(stop[i].e, stream.s), "cudaEventRecord");
   }
   cuda_check(cudaStreamSynchronize(stream.s), "timed runs");
@@ -116,6 +122,12 @@ RunResult run_on_cuda(const Workload& w, int repeat) {
   }
   r.o.resize(o_elems);
   cuda_check(cudaMemcpy(r.o.data(), o.get(), o_elems * 2, cudaMemcpyDeviceToHost), "copy o back");
+  if (w.indexer) {
+    r.block_idx.resize(w.block_idx.size());
+    cuda_check(cudaMemcpy(r.block_idx.data(), block_idx.get(), r.block_idx.size() * sizeof(int32_t),
+                          cudaMemcpyDeviceToHost),
+               "copy block_idx back");
+  }
   return r;
 }
 

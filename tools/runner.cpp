@@ -24,7 +24,20 @@ AttentionArgs attention_args(const Workload& w, const WorkloadBuffers& buf, Devi
   a.pages.table = TensorView(buf.page_table, DType::kI32, {B, w.max_pages}, {}, dev);
   a.seqs.qo_indptr = TensorView(buf.qo_indptr, DType::kI32, {B + 1}, {}, dev);
   a.seqs.kv_lens = TensorView(buf.kv_lens, DType::kI32, {B}, {}, dev);
+  if (w.indexer) {
+    a.index.q = TensorView(buf.q_index, DType::kBF16, {w.total_q, c.num_kv_heads, kIndexHeadDim}, {}, dev);
+    a.index.k = TensorView(buf.k_index, DType::kBF16, {w.num_pages, kIndexKHeads, c.page_size, kIndexHeadDim}, {}, dev);
+    a.scores = TensorView(buf.scores, DType::kF32, {w.total_q, c.num_kv_heads, w.max_blocks}, {}, dev);
+  }
   return a;
+}
+
+void run_call(const Workload& w, const Plan& plan, const AttentionArgs& a, const RunOptions& opts) {
+  if (w.indexer)
+    sparse_attention_layer(plan, a.q, a.k, a.v, a.index, a.pages, a.seqs, kForceBegin, kForceEnd, a.scores,
+                           ScoreLayout::kTHK, a.block_idx, a.o, {}, opts);
+  else
+    attention(plan, a.q, a.k, a.v, a.pages, a.seqs, a.block_idx, a.o, {}, opts);
 }
 
 Plan make_plan(const Workload& w, Device dev) {

@@ -11,8 +11,9 @@
 namespace msa::cli {
 
 struct RunResult {
-  std::vector<uint16_t> o;       // [total_q, Hq, Dv] bf16, from the last run
-  std::vector<double> times_ms;  // one per timed run
+  std::vector<uint16_t> o;          // [total_q, Hq, Dv] bf16, from the last run
+  std::vector<int32_t> block_idx;   // pattern indexer: the selections the last run made
+  std::vector<double> times_ms;     // one per timed run
   double median_ms() const;
 };
 
@@ -20,15 +21,21 @@ struct RunResult {
 struct WorkloadBuffers {
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   int32_t *page_table = nullptr, *qo_indptr = nullptr, *kv_lens = nullptr, *block_idx = nullptr;
+  void *q_index = nullptr, *k_index = nullptr;  // pattern indexer
+  float* scores = nullptr;                      // pattern indexer: [total_q, Hkv, max_blocks] workspace
 };
 
-// The arguments of msa::attention over those buffers.
+// The arguments of msa::attention (msa::sparse_attention_layer for pattern indexer) over those buffers.
 struct AttentionArgs {
   TensorView q, k, v, o, block_idx;
   PageTable pages;
   Sequences seqs;
+  IndexerInputs index;
+  TensorView scores;
 };
 AttentionArgs attention_args(const Workload& w, const WorkloadBuffers& buf, Device dev);
+// One timed call: the attention, or for pattern indexer the whole layer (scores, top-k, attention).
+void run_call(const Workload& w, const Plan& plan, const AttentionArgs& a, const RunOptions& opts);
 
 // plan_prefill from the host lengths, or plan_decode from (batch, 1 query token, kv_len).
 Plan make_plan(const Workload& w, Device dev);

@@ -16,7 +16,16 @@ namespace {
 // Pages in the pool beyond those the requests use, so that physical ids do not tile [0, n) exactly.
 constexpr int64_t kSparePages = 3;
 
-enum : uint64_t { kTagQ = 11, kTagK = 12, kTagV = 13, kTagPages = 14, kTagSelectRow = 15, kTagSelectBlock = 16 };
+enum : uint64_t {
+  kTagQ = 11,
+  kTagK = 12,
+  kTagV = 13,
+  kTagPages = 14,
+  kTagSelectRow = 15,
+  kTagSelectBlock = 16,
+  kTagQIndex = 17,
+  kTagKIndex = 18
+};
 
 // Unit-normal values rounded to bf16. Box-Muller on one 64-bit hash per pair of values, so element
 // i depends only on (key, i): any thread may fill any range and the data is the same for every
@@ -72,11 +81,20 @@ int64_t Workload::kv_offset(int64_t b, int64_t key, int g) const {
   return ((page * cfg.num_kv_heads + g) * cfg.page_size + key % cfg.page_size) * cfg.head_dim;
 }
 
+int64_t Workload::index_k_offset(int64_t b, int64_t key) const {
+  const int64_t page = page_table[b * max_pages + key / cfg.page_size];
+  return (page * kIndexKHeads * cfg.page_size + key % cfg.page_size) * kIndexHeadDim;
+}
+
 int64_t workload_bytes(const WorkloadSpec& s) {
   const int64_t pages = s.batch * ceil_div(s.kv_len, kPageSize) + kSparePages;
   const int64_t q_elems = s.batch * s.qo_len * kNumQoHeads * kHeadDim;
   // q, o (read back for the check), k, v.
-  return 2 * (2 * q_elems + 2 * pages * kNumKvHeads * kPageSize * kHeadDim);
+  int64_t bytes = 2 * (2 * q_elems + 2 * pages * kNumKvHeads * kPageSize * kHeadDim);
+  if (s.pattern == Pattern::kIndexer && !s.dense)  // index q and K (bf16), the fp32 scores on the device
+    bytes += 2 * (s.batch * s.qo_len * kNumKvHeads * kIndexHeadDim + pages * kIndexKHeads * kPageSize * kIndexHeadDim) +
+             4 * s.batch * s.qo_len * kNumKvHeads * ceil_div(s.kv_len, kBlockSize);
+  return bytes;
 }
 
 Workload make_workload(const WorkloadSpec& s) {
@@ -112,7 +130,15 @@ Workload make_workload(const WorkloadSpec& s) {
   fill_normal_bf16(w.k, stream_key(s.seed, {kTagK}));
   fill_normal_bf16(w.v, stream_key(s.seed, {kTagV}));
 
-  if (!s.dense) {
+  w.max_blocks = ceil_div(s.kv_len, kBlockSize);
+  if (!s.dense && s.pattern == Pattern::kIndexer) {
+    w.indexer = true;
+    w.q_index.allocate(w.total_q * kNumKvHeads * kIndexHeadDim);
+    w.k_index.allocate(w.num_pages * kIndexKHeads * kPageSize * kIndexHeadDim);
+    fill_normal_bf16(w.q_index, stream_key(s.seed, {kTagQIndex}));
+    fill_normal_bf16(w.k_index, stream_key(s.seed, {kTagKIndex}));
+    w.block_idx.assign(w.total_q * kNumKvHeads * kTopk, -1);
+  } else if (!s.dense) {
     w.block_idx.resize(w.total_q * kNumKvHeads * kTopk);
     parallel_for(w.total_q, 256, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {

@@ -45,6 +45,12 @@ struct Workload {
   std::vector<int32_t> block_idx;   // [total_q, Hkv, topk]; empty when dense
   Bf16Array q;                      // [total_q, Hq, D]
   Bf16Array k, v;                   // [num_pages, Hkv, page_size, D]
+  // Pattern indexer: the selections come from the layer's own indexer step (block_idx is then its
+  // [total_q, Hkv, topk] output workspace, -1 until a run fills it).
+  bool indexer = false;
+  Bf16Array q_index;                // [total_q, Hkv, kIndexHeadDim]
+  Bf16Array k_index;                // [num_pages, kIndexKHeads, page_size, kIndexHeadDim]
+  int64_t max_blocks = 0;           // the block extent of the scores workspace: ceil(max kv_len / block)
 
   int64_t batch() const { return static_cast<int64_t>(qo_lens.size()); }
   int64_t request_of(int64_t token) const;
@@ -54,6 +60,8 @@ struct Workload {
   std::vector<int32_t> selected_blocks(int64_t token, int kv_head) const;
   // Element offset of key `key` of request b, KV head g in the k / v pool.
   int64_t kv_offset(int64_t b, int64_t key, int g) const;
+  // Element offset of key `key` of request b in the index-K pool (its one head).
+  int64_t index_k_offset(int64_t b, int64_t key) const;
 };
 
 // Bytes the workload takes on the host, to announce before building it.
