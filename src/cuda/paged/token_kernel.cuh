@@ -16,7 +16,7 @@
 //    softmax state is the same in every warp, so there is no combine at the end;
 //  * splits (<= 16) merge inside a thread-block cluster through distributed shared memory
 //    (split_merge.cuh, the same merge as the general kernel), or, with kPushMerge
-//    (MSA_PAGED_TOKEN_MERGE=push, not yet run on a GPU), by pushing: see push_merge below.
+//    (MSA_PAGED_TOKEN_MERGE=push, not yet run on a GPU), by pushing: see push_merge_receive below.
 #pragma once
 
 #include <cuda_bf16.h>
