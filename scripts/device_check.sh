@@ -2,9 +2,9 @@
 # One call on a GPU machine: build for the local GPU, run the GPU tests and (optionally) benchmarks.
 # Logs and result files are written to a staging folder and packed into $OUT/results.tgz at exit
 # (the device tool returns at most 8 files), with the console summary in $OUT/summary.txt. Usage:
-#   scripts/device_check.sh [build] [test[=PYTEST_ARGS]] [demo] [sanitize=SCRIPT] [bench=NAME[:ARGS]]
+#   scripts/device_check.sh [build] [test[=PYTEST_ARGS]] [demo[=ARGS]] [sanitize=SCRIPT] [bench=NAME[:ARGS]]
 #                           [ncu=KERNEL_REGEX@NAME[:ARGS]] ...
-# bench/ncu ARGS are comma-separated (commas become spaces). ncu profiles the 21st matching launch of
+# demo/bench/ncu ARGS are comma-separated (commas become spaces). ncu profiles the 21st matching launch of
 # bench/NAME.py with the full section set and source counters into ncu_NAME.ncu-rep, and exports its
 # details and per-line source page (SASS with CUDA lines) as text beside it, e.g.
 #   ncu=paged_attention@decode:--only,D-B1,--iters,3
@@ -37,9 +37,10 @@ for stage in "$@"; do
       step "pytest -m gpu $args"
       python3 -m pytest -q -m gpu -p no:cacheprovider ${args:-tests/python} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
-    demo)
-      step demo
-      ./build/msa demo 2>&1 | tee "$OUT/demo.log" | tail -15; [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+    demo|demo=*)
+      dargs=${stage#demo}; dargs=${dargs#=}; tag=${dargs//[^a-z0-9]/_}
+      step "demo $dargs"
+      ./build/msa demo ${dargs//,/ } 2>&1 | tee "$OUT/demo$tag.log" | tail -15; [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
     sanitize=*)
       script=${stage#sanitize=}
       for tool in memcheck racecheck synccheck; do
