@@ -25,7 +25,7 @@ KERNELS = ["token", "token-push", "general"]
 @pytest.fixture(params=KERNELS)
 def kernel(request, monkeypatch):
     """Which kernel serves the plans made in the test, and the token kernel's split merge (read at plan
-    time; the push merge is opt-in until it has run on a GPU)."""
+    time; push is the default, pull the alternative kept for comparison)."""
     monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "0" if request.param == "general" else "1")
     monkeypatch.setenv("MSA_PAGED_TOKEN_MERGE", "push" if request.param == "token-push" else "pull")
     return request.param

@@ -155,13 +155,15 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   if (dev.cc < 90 || plan.max_qo_len() > 1 || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
   if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 1 || c.topk > kTokenMaxTopk) return false;
   if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
-  // Split merge: the pull merge of split_merge.cuh, or MSA_PAGED_TOKEN_MERGE=push (token_kernel.cuh; not
-  // yet run on a GPU, so not the default), which takes kTokenSmemPushBytes when the plan splits.
-  bool push = false;
-  if (const char* e = std::getenv("MSA_PAGED_TOKEN_MERGE"); e != nullptr && *e != 0 && std::strcmp(e, "pull") != 0) {
-    MSA_CHECK(std::strcmp(e, "push") == 0, kValue,
+  // Split merge: the push merge of token_kernel.cuh (D-B1 10.24 -> 8.42 us against the pull merge,
+  // same run, bench/results/decode-20261129-7454849-push-variants.md), or MSA_PAGED_TOKEN_MERGE=pull
+  // (split_merge.cuh, bitwise the same result; kept to compare the two). Push takes kTokenSmemPushBytes
+  // when the plan splits.
+  bool push = true;
+  if (const char* e = std::getenv("MSA_PAGED_TOKEN_MERGE"); e != nullptr && *e != 0 && std::strcmp(e, "push") != 0) {
+    MSA_CHECK(std::strcmp(e, "pull") == 0, kValue,
               "msa.plan_decode: environment variable MSA_PAGED_TOKEN_MERGE: expected 'pull' or 'push', got '", e, "'");
-    push = true;
+    push = false;
   }
   const uint32_t split_smem = push ? kTokenSmemPushBytes : kTokenSmemBytes;  // of a plan with splits
   const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};

@@ -27,7 +27,7 @@ constexpr uint32_t kTokenSmemRedSum = kTokenSmemRedMax + 4u * kTokenRows * 4u;
 constexpr uint32_t kTokenSmemTiles = kTokenSmemRedSum + 4u * kTokenRows * 4u;
 constexpr uint32_t kTokenSmemCount = kTokenSmemTiles + 2u * kTokenMaxTopk * 24u;
 constexpr uint32_t kTokenSmemBytes = kTokenSmemCount + 16u;
-// The push merge (MSA_PAGED_TOKEN_MERGE=push, token_kernel.cuh) adds, past the above, its barrier and
+// The push merge (the default, token_kernel.cuh) adds, past the above, its barrier and
 // the rows the other splits send: at most 32 (splits x rows per split: S * ceil(16 / S) <= 30).
 constexpr int kTokenRecvRows = 32;
 constexpr uint32_t kTokenSmemMergeBar = kTokenSmemBytes;

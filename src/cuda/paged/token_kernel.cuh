@@ -15,8 +15,8 @@
 //    through shared memory (two barriers), and split the head dim 32 columns apiece for O += P V: the
 //    softmax state is the same in every warp, so there is no combine at the end;
 //  * splits (<= 16) merge inside a thread-block cluster through distributed shared memory
-//    (split_merge.cuh, the same merge as the general kernel), or, with kPushMerge
-//    (MSA_PAGED_TOKEN_MERGE=push, not yet run on a GPU), by pushing: see push_merge_receive below.
+//    by pushing (kPushMerge, the default: see push_merge_receive below), or with
+//    MSA_PAGED_TOKEN_MERGE=pull through split_merge.cuh (the general kernel's merge; bitwise the same).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -45,8 +45,8 @@ struct TokenTile {
   int32_t pad;
 };
 
-// The push merge (kPushMerge, S > 1; written in the third session with no device time left, not yet run
-// on a GPU). The pull merge of split_merge.cuh costs two cluster barriers: every CTA waits for the
+// The push merge (kPushMerge, S > 1; the default since the fourth session: D-B1 10.24 -> 8.42 us, same
+// run, bench/results/decode-20261129-7454849-push-variants.md). The pull merge of split_merge.cuh costs two cluster barriers: every CTA waits for the
 // slowest split, reads the other splits' rows through distributed shared memory, and then waits until
 // every CTA is done reading its own rows before it may exit (D-B1: 52% of the warp samples sat at
 // those barriers under ncu). Here each CTA owns rows r = rank + jS as before, but the other splits
@@ -126,24 +126,49 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   };
   int32_t entry = -1;
   if (warp == 0 && lane < topk && b < p.seqs.total_q) entry = read_entry(b);
-  int64_t q0, q1;
-  request_rows(p.seqs, b, q0, q1);
-  if (q1 <= q0) return;  // no token: every CTA of this (request, head) cluster returns here
-  const int kv_len = max(p.seqs.kv_lens[b], 0);
-  const int64_t pos = p.seqs.qo_offset ? static_cast<int64_t>(p.seqs.qo_offset[b]) : kv_len - (q1 - q0);
-  // Keys [0, kv_hi) are visible to the token (causal: up to its position).
-  const int kv_hi = p.causal ? max(0, min(kv_len, clamp_pos(pos + 1))) : kv_len;
+  // The request's rows and page-row bounds, read in the same round trip as the guessed index row, so
+  // that the page reads below leave after one round trip (in 7454849 they left after three: ptxas sank
+  // the length loads past the early return, which then came first).
+  const int32_t qo_a = p.seqs.qo_indptr[b], qo_c = p.seqs.qo_indptr[b + 1];
+  const int32_t pg_a = p.pages.indptr ? p.pages.indptr[b] : 0, pg_c = p.pages.indptr ? p.pages.indptr[b + 1] : 0;
+  const int64_t q0 = min(max(static_cast<int64_t>(qo_a), int64_t{0}), p.seqs.total_q);
+  const int64_t q1 = min(max(static_cast<int64_t>(qo_c), q0), p.seqs.total_q);  // request_rows' clamp
+  const bool has_token = q1 > q0;
   int64_t row_base, row_len;
   if (p.pages.indptr) {
-    int64_t a = p.pages.indptr[b], c = p.pages.indptr[b + 1];
-    a = a < 0 ? 0 : (a > p.pages.row_capacity ? p.pages.row_capacity : a);
-    c = c < a ? a : (c > p.pages.row_capacity ? p.pages.row_capacity : c);
+    const int64_t cap = p.pages.row_capacity;
+    const int64_t a = min(max(static_cast<int64_t>(pg_a), int64_t{0}), cap);
     row_base = a;
-    row_len = c - a;
+    row_len = min(max(static_cast<int64_t>(pg_c), a), cap) - a;
   } else {
     row_base = static_cast<int64_t>(b) * p.pages.row_stride;
     row_len = p.pages.row_capacity;
   }
+
+  // ---- 1b. warp 0: the page of each of the selected blocks' two 64-key tiles, issued now -------------
+  // Bounded by the page row only (kv_hi gates their use below), so they leave before anything else.
+  int32_t page[2] = {-1, -1}, off[2] = {0, 0};
+  if (warp == 0) {
+    if (q0 != b && lane < topk) entry = has_token ? read_entry(q0) : -1;
+    // entry < 2^24 keeps entry * 128 + 64 inside int32 positions.
+    if (has_token && lane < topk && entry >= 0 && entry < (1 << 24)) {
+      const int ps = p.k.page_size;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t ju = static_cast<uint32_t>(entry) * kBlock + h * kTokenTileKeys;
+        const uint32_t lp = kp.page_shift >= 0 ? ju >> kp.page_shift : ju / static_cast<uint32_t>(ps);
+        if (lp < row_len) {
+          page[h] = __ldg(p.pages.table + row_base + lp);
+          off[h] = static_cast<int32_t>(ju - lp * static_cast<uint32_t>(ps));
+        }
+      }
+    }
+  }
+  if (!has_token) return;  // every CTA of this (request, head) cluster returns here
+  const int kv_len = max(p.seqs.kv_lens[b], 0);
+  const int64_t pos = p.seqs.qo_offset ? static_cast<int64_t>(p.seqs.qo_offset[b]) : kv_len - (q1 - q0);
+  // Keys [0, kv_hi) are visible to the token (causal: up to its position).
+  const int kv_hi = p.causal ? max(0, min(kv_len, clamp_pos(pos + 1))) : kv_len;
   const int G = p.group_size;
   // Rows of the group the CTA of cluster rank `split` owns in a merge: r = split + jS < G.
   const auto owned_rows = [&] { return split < G ? (G - 1 - split) / S + 1 : 0; };
@@ -177,27 +202,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 
   // ---- 2b. warp 0: pages of the selected blocks, the sorted list, this split's tiles -----------------
   if (warp == 0) {
-    if (q0 != b && lane < topk) entry = read_entry(q0);
     // A block is taken when it holds a visible key: 0 <= e and e * 128 < kv_hi (below kv_len and, when
     // causal, not past the token's position).
     const bool ok = lane < topk && entry >= 0 && static_cast<int64_t>(entry) * kBlock < kv_hi;
-    // The page of each of the block's two 64-key tiles, read before the sort needs them.
-    int32_t page[2] = {-1, -1}, off[2] = {0, 0};
-    if (ok) {
-      const int ps = p.k.page_size;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t j0 = static_cast<int64_t>(entry) * kBlock + h * kTokenTileKeys;
-        if (j0 < kv_hi) {
-          const uint32_t ju = static_cast<uint32_t>(j0);
-          const uint32_t lp = kp.page_shift >= 0 ? ju >> kp.page_shift : ju / static_cast<uint32_t>(ps);
-          if (lp < row_len) {
-            page[h] = __ldg(p.pages.table + row_base + lp);
-            off[h] = static_cast<int32_t>(ju - lp * static_cast<uint32_t>(ps));
-          }
-        }
-      }
-    }
     // Bitonic sort of (block << 5 | lane), ascending; lanes without a block hold the largest key.
     uint32_t key = ok ? (static_cast<uint32_t>(entry) << 5) | static_cast<uint32_t>(lane) : 0xffffffffu;
 #pragma unroll
