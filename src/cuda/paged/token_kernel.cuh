@@ -33,6 +33,7 @@
 #include "cuda/paged/request.cuh"
 #include "cuda/paged/split_merge.cuh"
 #include "cuda/paged/token_config.h"
+#include "cuda/paged/token_trace.cuh"
 
 namespace msa::detail::cuda::paged {
 
@@ -56,39 +57,64 @@ struct TokenTile {
 // into an arrive at the start (after the mbarrier's init) and a wait before the first send, by which
 // time every CTA of the cluster has long arrived. The merge arithmetic is merge_splits_in_cluster's,
 // in the same split order, so the result is bitwise the pull merge's.
-template <int D, typename RealRow, typename Emit>
+//
+// The owner's rows are spread over all its threads, W = 1, 2, 4 or 8 consecutive values each (S = 16:
+// one row, one value per thread; 8 values per thread left 112 of 128 threads idle, each walking 16
+// splits), and every split's values are loaded before the weights are known (no branch between the
+// loads): the per-value arithmetic, and so the bits, are merge_splits_in_cluster's. A skipped split
+// (s >= S, or lse = -inf) adds fmaf(0, 0, acc) = acc: acc starts at +0 and is never -0, so the sum is
+// the one that skipping gives.
+template <int D, int W, typename RealRow, typename Emit>
 __device__ __forceinline__ void push_merge_receive(const float* recv_o, const float* recv_lse, int S, int rank,
                                                    int rows_per_split, int owned, const RealRow& real,
                                                    const Emit& emit) {
-  constexpr int kChunks = D / 8;
-  for (int u = threadIdx.x; u < owned * kChunks; u += kTokenThreads) {
-    const int jj = u / kChunks, c = u - jj * kChunks, r = rank + jj * S;
+  static_assert(W == 1 || W == 2 || W == 4 || W == 8, "W values per thread: one vector load or two");
+  constexpr int kGroups = D / W;
+  for (int u = threadIdx.x; u < owned * kGroups; u += kTokenThreads) {
+    const int jj = u / kGroups, c = u - jj * kGroups, r = rank + jj * S;
     if (!real(r)) continue;
     float ls[kMaxClusterSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) ls[s] = s < S ? recv_lse[s * rows_per_split + jj] : -INFINITY;
+    float x[kMaxClusterSplits][W];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      const float* row = recv_o + (s * rows_per_split + jj) * D + c * W;
+#pragma unroll
+      for (int e = 0; e < W; e += 4 > W ? W : 4) {
+        if constexpr (W == 1) {
+          x[s][0] = s < S ? row[0] : 0.f;
+        } else if constexpr (W == 2) {
+          const float2 v = s < S ? *reinterpret_cast<const float2*>(row) : make_float2(0.f, 0.f);
+          x[s][0] = v.x, x[s][1] = v.y;
+        } else {
+          const float4 v = s < S ? *reinterpret_cast<const float4*>(row + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+          x[s][e] = v.x, x[s][e + 1] = v.y, x[s][e + 2] = v.z, x[s][e + 3] = v.w;
+        }
+      }
+    }
     float m = -INFINITY;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) m = lse_fold_max(m, ls[s]);
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float acc[W];
+#pragma unroll
+    for (int e = 0; e < W; ++e) acc[e] = 0.f;
     float lse = -INFINITY;
     if (m != -INFINITY) {  // merge_splits_in_cluster's arithmetic, in the same order
       float sum = 0.f;
 #pragma unroll
       for (int s = 0; s < kMaxClusterSplits; ++s) {
-        if (s >= S || ls[s] == -INFINITY) continue;
-        const float wt = lse_weight(ls[s], m);
+        const bool take = ls[s] != -INFINITY;  // false past S too
+        const float wt = take ? lse_weight(ls[s], m) : 0.f;
         sum += wt;
-        const float4* row = reinterpret_cast<const float4*>(recv_o + (s * rows_per_split + jj) * D + c * 8);
-        const float4 x = row[0], z = row[1];
-        acc[0] += wt * x.x, acc[1] += wt * x.y, acc[2] += wt * x.z, acc[3] += wt * x.w;
-        acc[4] += wt * z.x, acc[5] += wt * z.y, acc[6] += wt * z.z, acc[7] += wt * z.w;
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[e] = fmaf(wt, take ? x[s][e] : 0.f, acc[e]);
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] /= sum;
+      for (int e = 0; e < W; ++e) acc[e] /= sum;
       lse = m + logf(sum);
     }
-    emit(r, c, acc, lse);
+    emit(r, c * W, acc, lse);
   }
 }
 
@@ -114,6 +140,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   int* n_tiles_smem = reinterpret_cast<int*>(smem + kTokenSmemCount);
 
   grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
+  MSA_TRACE_DECL;
   allow_dependent_launch();
 
   // ---- 1. the request, and (warp 0) the block indexes of the guessed token row b -------------------
@@ -133,6 +160,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const int32_t pg_a = p.pages.indptr ? p.pages.indptr[b] : 0, pg_c = p.pages.indptr ? p.pages.indptr[b + 1] : 0;
   const int64_t q0 = min(max(static_cast<int64_t>(qo_a), int64_t{0}), p.seqs.total_q);
   const int64_t q1 = min(max(static_cast<int64_t>(qo_c), q0), p.seqs.total_q);  // request_rows' clamp
+  MSA_TRACE_MARK(1, qo_a + qo_c + pg_a + pg_c + entry);  // the first round trip
   const bool has_token = q1 > q0;
   int64_t row_base, row_len;
   if (p.pages.indptr) {
@@ -164,6 +192,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       }
     }
   }
+  MSA_TRACE_MARK(2, page[0] + page[1]);  // the pages (thread 0: lane 0's block)
   if (!has_token) return;  // every CTA of this (request, head) cluster returns here
   const int kv_len = max(p.seqs.kv_lens[b], 0);
   const int64_t pos = p.seqs.qo_offset ? static_cast<int64_t>(p.seqs.qo_offset[b]) : kv_len - (q1 - q0);
@@ -262,6 +291,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
   __syncthreads();
   const int n_tiles = *n_tiles_smem;
+  MSA_TRACE_MARK(3, n_tiles);  // the sorted list and the tiles, in every warp
 
   // ---- 3. K/V tiles through a cp.async ring of kTokenStages stages ------------------------------------
   // Thread (row r0 + 16i, chunks t8 and t8 + 8): each instruction moves 128 contiguous bytes of a row;
@@ -319,6 +349,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     const uint32_t ks = s_stages + stage * kStageBytes, vs = ks + kTileBytes;
     stage = stage == kTokenStages - 1 ? 0 : stage + 1;
     const int visible = tiles[x].visible;
+    if (x < 2) MSA_TRACE_MARK(4 + x, visible);  // tile x landed
 
     float s[2][4];
 #pragma unroll
@@ -420,6 +451,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     }
   }
 
+  MSA_TRACE_MARK(6, __float_as_uint(o[0][0]) + __float_as_uint(l_run[0]));  // the tile loop done
   // ---- 5. normalize; write o / lse, or this split's rows for the cluster merge -----------------------
   float inv[2], lse[2];
 #pragma unroll
@@ -461,6 +493,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     namespace ptx = ::cuda::ptx;
     uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
     ptx::barrier_cluster_wait();  // every CTA of the cluster has initialized its barrier
+    MSA_TRACE_MARK(7, 0);
     const int rows_per_split = (kTokenRows + S - 1) / S;
     float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
     float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);      // [S][rows_per_split][D]
@@ -482,7 +515,34 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     }
     while (!ptx::mbarrier_try_wait_parity(ptx::sem_acquire, ptx::scope_cluster, merge_bar, 0u)) {
     }
-    push_merge_receive<D>(recv_o, recv_lse, S, split, rows_per_split, owned_rows(), real_row, emit);
+    MSA_TRACE_MARK(8, 0);  // this CTA's rows arrived
+    // W: the owned values (owned x 128) spread over the 128 threads.
+    const auto emit_w = [&](int r, int col, const auto& acc, float row_lse) {
+      constexpr int W = sizeof(acc) / sizeof(float);
+      T* dst = og + r * p.o_stride_head + col;
+      if constexpr (W == 1) {
+        *dst = static_cast<T>(acc[0]);
+      } else if constexpr (W == 2) {
+        *reinterpret_cast<uint32_t*>(dst) = M::pack(acc[0], acc[1]);
+      } else if constexpr (W == 4) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(M::pack(acc[0], acc[1]), M::pack(acc[2], acc[3]));
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(M::pack(acc[0], acc[1]), M::pack(acc[2], acc[3]),
+                                                    M::pack(acc[4], acc[5]), M::pack(acc[6], acc[7]));
+      }
+      if (lseg && col == 0) lseg[r * p.lse_stride_head] = row_lse;
+    };
+    const int owned = owned_rows();
+    if (owned <= 1)
+      push_merge_receive<D, 1>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+    else if (owned == 2)
+      push_merge_receive<D, 2>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+    else if (owned <= 4)
+      push_merge_receive<D, 4>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+    else
+      push_merge_receive<D, 8>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+    MSA_TRACE_MARK(9, 0);
+    MSA_TRACE_END(S);
 #endif
     return;
   }

@@ -1,0 +1,59 @@
+// Phase timestamps of the single-token decode kernel, to see where a D-B1 call's time goes. Compiled
+// in only with -DMSA_TOKEN_TRACE, in a build of its own (the clock reads and printf change the
+// kernel), e.g. on the device:
+//   cmake -S . -B build-trace -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+//         -DCMAKE_CUDA_FLAGS=-DMSA_TOKEN_TRACE && cmake --build build-trace
+//   PYTHONPATH=build-trace/python python3 bench/decode.py --only D-B1 --iters 3
+// Thread 0 of every CTA of (request 0, KV head 0) prints, for launches kTraceFirst.. of the process,
+// its SM, its start on the global timer and each mark's clock64 offset from its first mark. A mark
+// first stores its `dep` value to shared memory (a volatile store), so it is taken only after that
+// value has arrived: marks after a load wait for the load.
+#pragma once
+
+#ifdef MSA_TOKEN_TRACE
+#include <cstdint>
+#include <cstdio>
+
+namespace msa::detail::cuda::paged {
+
+static __device__ unsigned g_token_trace_ctas = 0;  // traced CTAs that finished, all launches
+static __device__ uint32_t g_token_trace_sink = 0;
+
+struct TokenTrace {
+  static constexpr int kMarks = 10;
+  static constexpr unsigned kTraceFirst = 30, kTraceLaunches = 3;
+  long long t[kMarks];
+  uint64_t start_ns;
+  __device__ void mark(int i, uint32_t dep) {
+    asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(&g_token_trace_sink), "r"(dep) : "memory");
+    t[i] = clock64();
+  }
+  __device__ void begin() {
+    for (int i = 0; i < kMarks; ++i) t[i] = -1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start_ns));
+    t[0] = clock64();
+  }
+  __device__ void end(int S) {
+    if (threadIdx.x != 0 || blockIdx.x != 0 || blockIdx.y != 0) return;
+    const unsigned n = atomicAdd(&g_token_trace_ctas, 1u) / static_cast<unsigned>(S);
+    if (n < kTraceFirst || n >= kTraceFirst + kTraceLaunches) return;
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    printf("trace launch %u split %u/%d sm %3u start_ns %llu |", n, blockIdx.z, S, sm,
+           static_cast<unsigned long long>(start_ns));
+    for (int i = 1; i < kMarks; ++i) printf(" %d:%lld", i, t[i] < 0 ? -1LL : t[i] - t[0]);
+    printf("\n");
+  }
+};
+
+}  // namespace msa::detail::cuda::paged
+
+#define MSA_TRACE_DECL ::msa::detail::cuda::paged::TokenTrace trace_; if (threadIdx.x == 0) trace_.begin()
+#define MSA_TRACE_MARK(i, dep) \
+  if (threadIdx.x == 0) trace_.mark(i, static_cast<uint32_t>(dep))
+#define MSA_TRACE_END(S) trace_.end(S)
+#else
+#define MSA_TRACE_DECL
+#define MSA_TRACE_MARK(i, dep)
+#define MSA_TRACE_END(S)
+#endif
