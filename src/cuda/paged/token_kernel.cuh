@@ -542,6 +542,11 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     else
       push_merge_receive<D, 8>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
     MSA_TRACE_MARK(9, 0);
+#ifdef MSA_TOKEN_TRACE
+    // The same merge again, warm (instruction cache, shared memory): how much of mark 8 -> 9 is code fetch.
+    if (owned <= 1) push_merge_receive<D, 1>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+    MSA_TRACE_MARK(10, 0);
+#endif
     MSA_TRACE_END(S);
 #endif
     return;

@@ -20,7 +20,7 @@ static __device__ unsigned g_token_trace_ctas = 0;  // traced CTAs that finished
 static __device__ uint32_t g_token_trace_sink = 0;
 
 struct TokenTrace {
-  static constexpr int kMarks = 10;
+  static constexpr int kMarks = 11;
   static constexpr unsigned kTraceFirst = 30, kTraceLaunches = 3;
   long long t[kMarks];
   uint64_t start_ns;
@@ -39,10 +39,12 @@ struct TokenTrace {
     if (n < kTraceFirst || n >= kTraceFirst + kTraceLaunches) return;
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    printf("trace launch %u split %u/%d sm %3u start_ns %llu |", n, blockIdx.z, S, sm,
-           static_cast<unsigned long long>(start_ns));
-    for (int i = 1; i < kMarks; ++i) printf(" %d:%lld", i, t[i] < 0 ? -1LL : t[i] - t[0]);
-    printf("\n");
+    long long d[kMarks];
+    for (int i = 1; i < kMarks; ++i) d[i] = t[i] < 0 ? -1LL : t[i] - t[0];
+    static_assert(kMarks == 11, "one printf: the lines of different CTAs do not interleave");
+    printf("trace launch %u split %2u/%d sm %3u start_ns %llu | %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n", n,
+           blockIdx.z, S, sm, static_cast<unsigned long long>(start_ns), d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+           d[8], d[9], d[10]);
   }
 };
 
