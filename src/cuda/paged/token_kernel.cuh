@@ -153,15 +153,20 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   };
   int32_t entry = -1;
   if (warp == 0 && lane < topk && b < p.seqs.total_q) entry = read_entry(b);
-  // The request's rows and page-row bounds, read in the same round trip as the guessed index row, so
-  // that the page reads below leave after one round trip (in 7454849 they left after three: ptxas sank
-  // the length loads past the early return, which then came first).
+  // The request's rows, lengths and page-row bounds, read in the same round trip as the guessed index
+  // row, so that the page reads below leave after one round trip (in 7454849 they left after three:
+  // ptxas sank the length loads past the early return, which came first; now every one of them is
+  // used before that return).
   const int32_t qo_a = p.seqs.qo_indptr[b], qo_c = p.seqs.qo_indptr[b + 1];
   const int32_t pg_a = p.pages.indptr ? p.pages.indptr[b] : 0, pg_c = p.pages.indptr ? p.pages.indptr[b + 1] : 0;
   const int64_t q0 = min(max(static_cast<int64_t>(qo_a), int64_t{0}), p.seqs.total_q);
   const int64_t q1 = min(max(static_cast<int64_t>(qo_c), q0), p.seqs.total_q);  // request_rows' clamp
   MSA_TRACE_MARK(1, qo_a + qo_c + pg_a + pg_c + entry);  // the first round trip
   const bool has_token = q1 > q0;
+  const int kv_len = max(p.seqs.kv_lens[b], 0);
+  const int64_t pos = p.seqs.qo_offset ? static_cast<int64_t>(p.seqs.qo_offset[b]) : kv_len - (q1 - q0);
+  // Keys [0, kv_hi) are visible to the token (causal: up to its position).
+  const int kv_hi = p.causal ? max(0, min(kv_len, clamp_pos(pos + 1))) : kv_len;
   int64_t row_base, row_len;
   if (p.pages.indptr) {
     const int64_t cap = p.pages.row_capacity;
@@ -173,31 +178,41 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     row_len = p.pages.row_capacity;
   }
 
-  // ---- 1b. warp 0: the page of each of the selected blocks' two 64-key tiles, issued now -------------
-  // Bounded by the page row only (kv_hi gates their use below), so they leave before anything else.
+  // ---- 1b. warp 0: the page of each of the selected blocks' 64-key tiles, issued now -----------------
+  // Then the blocks are sorted while those reads are in flight.
   int32_t page[2] = {-1, -1}, off[2] = {0, 0};
+  uint32_t key = 0xffffffffu;
   if (warp == 0) {
     if (q0 != b && lane < topk) entry = has_token ? read_entry(q0) : -1;
-    // entry < 2^24 keeps entry * 128 + 64 inside int32 positions.
-    if (has_token && lane < topk && entry >= 0 && entry < (1 << 24)) {
+    // A block is taken when it holds a visible key: 0 <= e and e * 128 < kv_hi (below kv_len and, when
+    // causal, not past the token's position).
+    const bool ok = has_token && lane < topk && entry >= 0 && static_cast<int64_t>(entry) * kBlock < kv_hi;
+    if (ok) {
       const int ps = p.k.page_size;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t ju = static_cast<uint32_t>(entry) * kBlock + h * kTokenTileKeys;
+        const int64_t j0 = static_cast<int64_t>(entry) * kBlock + h * kTokenTileKeys;
+        const uint32_t ju = static_cast<uint32_t>(j0);
         const uint32_t lp = kp.page_shift >= 0 ? ju >> kp.page_shift : ju / static_cast<uint32_t>(ps);
-        if (lp < row_len) {
+        if (j0 < kv_hi && lp < row_len) {
           page[h] = __ldg(p.pages.table + row_base + lp);
           off[h] = static_cast<int32_t>(ju - lp * static_cast<uint32_t>(ps));
         }
       }
     }
+    // Bitonic sort of (block << 5 | lane), ascending; lanes without a block hold the largest key.
+    key = ok ? (static_cast<uint32_t>(entry) << 5) | static_cast<uint32_t>(lane) : 0xffffffffu;
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        const uint32_t other = __shfl_xor_sync(kFull, key, j);
+        const bool up = (lane & k) == 0, low = (lane & j) == 0;
+        key = (low == up) ? min(key, other) : max(key, other);
+      }
+    }
   }
-  MSA_TRACE_MARK(2, page[0] + page[1]);  // the pages (thread 0: lane 0's block)
   if (!has_token) return;  // every CTA of this (request, head) cluster returns here
-  const int kv_len = max(p.seqs.kv_lens[b], 0);
-  const int64_t pos = p.seqs.qo_offset ? static_cast<int64_t>(p.seqs.qo_offset[b]) : kv_len - (q1 - q0);
-  // Keys [0, kv_hi) are visible to the token (causal: up to its position).
-  const int kv_hi = p.causal ? max(0, min(kv_len, clamp_pos(pos + 1))) : kv_len;
   const int G = p.group_size;
   // Rows of the group the CTA of cluster rank `split` owns in a merge: r = split + jS < G.
   const auto owned_rows = [&] { return split < G ? (G - 1 - split) / S + 1 : 0; };
@@ -231,20 +246,6 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 
   // ---- 2b. warp 0: pages of the selected blocks, the sorted list, this split's tiles -----------------
   if (warp == 0) {
-    // A block is taken when it holds a visible key: 0 <= e and e * 128 < kv_hi (below kv_len and, when
-    // causal, not past the token's position).
-    const bool ok = lane < topk && entry >= 0 && static_cast<int64_t>(entry) * kBlock < kv_hi;
-    // Bitonic sort of (block << 5 | lane), ascending; lanes without a block hold the largest key.
-    uint32_t key = ok ? (static_cast<uint32_t>(entry) << 5) | static_cast<uint32_t>(lane) : 0xffffffffu;
-#pragma unroll
-    for (int k = 2; k <= 32; k <<= 1) {
-#pragma unroll
-      for (int j = k >> 1; j > 0; j >>= 1) {
-        const uint32_t other = __shfl_xor_sync(kFull, key, j);
-        const bool up = (lane & k) == 0, low = (lane & j) == 0;
-        key = (low == up) ? min(key, other) : max(key, other);
-      }
-    }
     // Distinct blocks, ranked in ascending order (a duplicate entry counts once).
     const uint32_t prev = __shfl_up_sync(kFull, key, 1);
     const bool first = key != 0xffffffffu && (lane == 0 || (prev >> 5) != (key >> 5));
@@ -261,6 +262,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       le = min(n_list, lb + chunk);
     }
     const int src = static_cast<int>(key & 31u);
+    MSA_TRACE_MARK(2, page[0] + page[1]);  // the pages (thread 0: lane 0's block)
     const int32_t pg0 = __shfl_sync(kFull, page[0], src), pg1 = __shfl_sync(kFull, page[1], src);
     const int32_t of0 = __shfl_sync(kFull, off[0], src), of1 = __shfl_sync(kFull, off[1], src);
     const bool mine = first && rank >= lb && rank < le;
