@@ -515,9 +515,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       if (warp == 0 && (lane & 3) == 0)
         ptx::st_async(static_cast<float*>(__cluster_map_shared_rank(recv_lse + slot, owner)), lse[j], bar);
     }
+    MSA_TRACE_MARK(8, 0);
     while (!ptx::mbarrier_try_wait_parity(ptx::sem_acquire, ptx::scope_cluster, merge_bar, 0u)) {
     }
-    MSA_TRACE_MARK(8, 0);  // this CTA's rows arrived
+    MSA_TRACE_MARK(9, 0);  // this CTA's rows arrived
     // W: the owned values (owned x 128) spread over the 128 threads.
     const auto emit_w = [&](int r, int col, const auto& acc, float row_lse) {
       constexpr int W = sizeof(acc) / sizeof(float);
@@ -543,11 +544,11 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       push_merge_receive<D, 4>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
     else
       push_merge_receive<D, 8>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
-    MSA_TRACE_MARK(9, 0);
+    MSA_TRACE_MARK(10, 0);
 #ifdef MSA_TOKEN_TRACE
     // The same merge again, warm (instruction cache, shared memory): how much of mark 8 -> 9 is code fetch.
     if (owned <= 1) push_merge_receive<D, 1>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
-    MSA_TRACE_MARK(10, 0);
+    MSA_TRACE_MARK(11, 0);
 #endif
     MSA_TRACE_END(S);
 #endif

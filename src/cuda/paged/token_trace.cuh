@@ -7,7 +7,9 @@
 // Thread 0 of every CTA of (request 0, KV head 0) prints, for launches kTraceFirst.. of the process,
 // its SM, its start on the global timer and each mark's clock64 offset from its first mark. A mark
 // first stores its `dep` value to shared memory (a volatile store), so it is taken only after that
-// value has arrived: marks after a load wait for the load.
+// value has arrived: marks after a load wait for the load. Marks (token_kernel.cuh): 1 first round
+// trip, 2 pages, 3 tile list, 4/5 tiles 0/1 landed, 6 tile loop done, 7 cluster wait, 8 rows sent,
+// 9 own rows arrived, 10 merged rows written (issued), 11 the same merge again (warm).
 #pragma once
 
 #ifdef MSA_TOKEN_TRACE
@@ -17,15 +19,16 @@
 namespace msa::detail::cuda::paged {
 
 static __device__ unsigned g_token_trace_ctas = 0;  // traced CTAs that finished, all launches
-static __device__ uint32_t g_token_trace_sink = 0;
 
 struct TokenTrace {
-  static constexpr int kMarks = 11;
+  static constexpr int kMarks = 12;
   static constexpr unsigned kTraceFirst = 30, kTraceLaunches = 3;
   long long t[kMarks];
   uint64_t start_ns;
   __device__ void mark(int i, uint32_t dep) {
-    asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(&g_token_trace_sink), "r"(dep) : "memory");
+    __shared__ uint32_t sink;  // a shared store: it waits for dep, and for nothing in the memory system
+    asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(&sink))), "r"(dep)
+                 : "memory");
     t[i] = clock64();
   }
   __device__ void begin() {
@@ -41,10 +44,10 @@ struct TokenTrace {
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     long long d[kMarks];
     for (int i = 1; i < kMarks; ++i) d[i] = t[i] < 0 ? -1LL : t[i] - t[0];
-    static_assert(kMarks == 11, "one printf: the lines of different CTAs do not interleave");
-    printf("trace launch %u split %2u/%d sm %3u start_ns %llu | %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n", n,
-           blockIdx.z, S, sm, static_cast<unsigned long long>(start_ns), d[1], d[2], d[3], d[4], d[5], d[6], d[7],
-           d[8], d[9], d[10]);
+    static_assert(kMarks == 12, "one printf: the lines of different CTAs do not interleave");
+    printf("trace launch %u split %2u/%d sm %3u start_ns %llu | %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n",
+           n, blockIdx.z, S, sm, static_cast<unsigned long long>(start_ns), d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+           d[8], d[9], d[10], d[11]);
   }
 };
 
