@@ -101,11 +101,20 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
     for (int e = 0; e < W; ++e) acc[e] = 0.f;
     float lse = -INFINITY;
     if (m != -INFINITY) {  // merge_splits_in_cluster's arithmetic, in the same order
+      // lse_weight's two cases as selects around an exp2 taken for every split: written as
+      // take ? lse_weight(..) : 0 the compiler branched around each exp2 (16 divergence regions in a
+      // row, ~1800 cycles for the merge at D-B1: token_trace at 1919488).
+      float wts[kMaxClusterSplits];
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        const float e = exp2_approx((ls[s] - m) * kLog2e);
+        wts[s] = ls[s] == -INFINITY ? 0.f : (ls[s] == m ? 1.f : e);  // -inf: false past S too
+      }
       float sum = 0.f;
 #pragma unroll
       for (int s = 0; s < kMaxClusterSplits; ++s) {
-        const bool take = ls[s] != -INFINITY;  // false past S too
-        const float wt = take ? lse_weight(ls[s], m) : 0.f;
+        const bool take = ls[s] != -INFINITY;
+        const float wt = wts[s];
         sum += wt;
 #pragma unroll
         for (int e = 0; e < W; ++e) acc[e] = fmaf(wt, take ? x[s][e] : 0.f, acc[e]);
