@@ -33,7 +33,10 @@ constexpr int kTokenRecvRows = 32;
 constexpr uint32_t kTokenSmemMergeBar = kTokenSmemBytes;
 constexpr uint32_t kTokenSmemRecvLse = kTokenSmemMergeBar + 16u;
 constexpr uint32_t kTokenSmemRecvO = kTokenSmemRecvLse + kTokenRecvRows * 4u;
-constexpr uint32_t kTokenSmemPushBytes = kTokenSmemRecvO + kTokenRecvRows * kTokenHeadDim * 4u;
+// Then the merge weights of the owned rows (at most 8 rows when S >= 2): 16 split weights and the max.
+constexpr int kTokenMergeWStride = 17;
+constexpr uint32_t kTokenSmemMergeW = kTokenSmemRecvO + kTokenRecvRows * kTokenHeadDim * 4u;
+constexpr uint32_t kTokenSmemPushBytes = kTokenSmemMergeW + 8u * kTokenMergeWStride * 4u;
 
 static_assert(kTokenRows * kTokenHeadDim * 4u + kTokenRows * 4u <= kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
               "the merge rows fit the stage memory");

@@ -58,66 +58,67 @@ struct TokenTile {
 // time every CTA of the cluster has long arrived. The merge arithmetic is merge_splits_in_cluster's,
 // in the same split order, so the result is bitwise the pull merge's.
 //
-// The owner's rows are spread over all its threads, W = 1, 2, 4 or 8 consecutive values each (S = 16:
-// one row, one value per thread; 8 values per thread left 112 of 128 threads idle, each walking 16
-// splits), and every split's values are loaded before the weights are known (no branch between the
-// loads): the per-value arithmetic, and so the bits, are merge_splits_in_cluster's. A skipped split
-// (s >= S, or lse = -inf) adds fmaf(0, 0, acc) = acc: acc starts at +0 and is never -0, so the sum is
-// the one that skipping gives.
+// The owner merges in two steps. (A) One warp per owned row folds the split lse values into the max
+// (in split order, every lane, as merge_splits_in_cluster does) and lane s takes split s's weight;
+// the weights and the max go to shared memory. (B) Every thread takes W = 1, 2, 4 or 8 consecutive
+// values of an owned row (S = 16: one row, one value per thread) and sums the splits' values with
+// those weights, the sum of the weights in split order beside it. Per value this is
+// merge_splits_in_cluster's arithmetic in its order, so the bits are the pull merge's: a skipped split
+// (lse = -inf, or s >= S) has weight 0 and value 0 (a sender with no key sends zeros), and adds
+// fmaf(0, 0, acc) = acc (acc starts at +0 and is never -0). Written as one loop per thread, with the
+// weights under a branch, this merge took ~1800 cycles at D-B1 (token_trace at 1919488): 16
+// divergence regions in a row around the exp2s, ~470 dependent instructions per thread.
 template <int D, int W, typename RealRow, typename Emit>
-__device__ __forceinline__ void push_merge_receive(const float* recv_o, const float* recv_lse, int S, int rank,
-                                                   int rows_per_split, int owned, const RealRow& real,
+__device__ __forceinline__ void push_merge_receive(const float* recv_o, const float* recv_lse, float* merge_w, int S,
+                                                   int rank, int rows_per_split, int owned, const RealRow& real,
                                                    const Emit& emit) {
   static_assert(W == 1 || W == 2 || W == 4 || W == 8, "W values per thread: one vector load or two");
   constexpr int kGroups = D / W;
-  for (int u = threadIdx.x; u < owned * kGroups; u += kTokenThreads) {
-    const int jj = u / kGroups, c = u - jj * kGroups, r = rank + jj * S;
-    if (!real(r)) continue;
-    float ls[kMaxClusterSplits];
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) ls[s] = s < S ? recv_lse[s * rows_per_split + jj] : -INFINITY;
-    float x[kMaxClusterSplits][W];
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      const float* row = recv_o + (s * rows_per_split + jj) * D + c * W;
-#pragma unroll
-      for (int e = 0; e < W; e += 4 > W ? W : 4) {
-        if constexpr (W == 1) {
-          x[s][0] = s < S ? row[0] : 0.f;
-        } else if constexpr (W == 2) {
-          const float2 v = s < S ? *reinterpret_cast<const float2*>(row) : make_float2(0.f, 0.f);
-          x[s][0] = v.x, x[s][1] = v.y;
-        } else {
-          const float4 v = s < S ? *reinterpret_cast<const float4*>(row + e) : make_float4(0.f, 0.f, 0.f, 0.f);
-          x[s][e] = v.x, x[s][e + 1] = v.y, x[s][e + 2] = v.z, x[s][e + 3] = v.w;
-        }
-      }
-    }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int jj = warp; jj < owned; jj += kTokenThreads / 32) {  // (A)
     float m = -INFINITY;
 #pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) m = lse_fold_max(m, ls[s]);
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      m = lse_fold_max(m, s < S ? recv_lse[s * rows_per_split + jj] : -INFINITY);
+    if (lane < kMaxClusterSplits) {
+      const float ls = lane < S ? recv_lse[lane * rows_per_split + jj] : -INFINITY;
+      const float e = exp2_approx((ls - m) * kLog2e);  // lse_weight's exp2, taken unconditionally
+      merge_w[jj * kTokenMergeWStride + lane] = ls == -INFINITY ? 0.f : (ls == m ? 1.f : e);
+    }
+    if (lane == 0) merge_w[jj * kTokenMergeWStride + kMaxClusterSplits] = m;
+  }
+  __syncthreads();
+  for (int u = threadIdx.x; u < owned * kGroups; u += kTokenThreads) {  // (B)
+    const int jj = u / kGroups, c = u - jj * kGroups, r = rank + jj * S;
+    if (!real(r)) continue;
+    const float* wrow = merge_w + jj * kTokenMergeWStride;
+    const float m = wrow[kMaxClusterSplits];
     float acc[W];
 #pragma unroll
     for (int e = 0; e < W; ++e) acc[e] = 0.f;
     float lse = -INFINITY;
-    if (m != -INFINITY) {  // merge_splits_in_cluster's arithmetic, in the same order
-      // lse_weight's two cases as selects around an exp2 taken for every split: written as
-      // take ? lse_weight(..) : 0 the compiler branched around each exp2 (16 divergence regions in a
-      // row, ~1800 cycles for the merge at D-B1: token_trace at 1919488).
-      float wts[kMaxClusterSplits];
-#pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s) {
-        const float e = exp2_approx((ls[s] - m) * kLog2e);
-        wts[s] = ls[s] == -INFINITY ? 0.f : (ls[s] == m ? 1.f : e);  // -inf: false past S too
-      }
+    if (m != -INFINITY) {
       float sum = 0.f;
 #pragma unroll
       for (int s = 0; s < kMaxClusterSplits; ++s) {
-        const bool take = ls[s] != -INFINITY;
-        const float wt = wts[s];
+        const float wt = wrow[s];
         sum += wt;
+        float x[W];
+        const float* row = recv_o + (s * rows_per_split + jj) * D + c * W;
 #pragma unroll
-        for (int e = 0; e < W; ++e) acc[e] = fmaf(wt, take ? x[s][e] : 0.f, acc[e]);
+        for (int e = 0; e < W; e += 4 > W ? W : 4) {
+          if constexpr (W == 1) {
+            x[0] = s < S ? row[0] : 0.f;
+          } else if constexpr (W == 2) {
+            const float2 v = s < S ? *reinterpret_cast<const float2*>(row) : make_float2(0.f, 0.f);
+            x[0] = v.x, x[1] = v.y;
+          } else {
+            const float4 v = s < S ? *reinterpret_cast<const float4*>(row + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+            x[e] = v.x, x[e + 1] = v.y, x[e + 2] = v.z, x[e + 3] = v.w;
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[e] = fmaf(wt, x[e], acc[e]);
       }
 #pragma unroll
       for (int e = 0; e < W; ++e) acc[e] /= sum;
@@ -508,6 +509,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     const int rows_per_split = (kTokenRows + S - 1) / S;
     float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
     float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);      // [S][rows_per_split][D]
+    float* merge_w = reinterpret_cast<float*>(smem + kTokenSmemMergeW);    // [owned][17]
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = row0 + 8 * j;
@@ -518,7 +520,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       float* dst = static_cast<float*>(__cluster_map_shared_rank(recv_o + slot * D, owner));
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
-        const float v[2] = {o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]};
+        // A row that saw no key sends zeros (o * 0 would pass on a NaN the merge must not see).
+        const float v[2] = {l_run[j] > 0.f ? o[n][2 * j] * inv[j] : 0.f, l_run[j] > 0.f ? o[n][2 * j + 1] * inv[j] : 0.f};
         ptx::st_async(dst + warp * 32 + n * 8 + 2 * (lane & 3), v, bar);
       }
       if (warp == 0 && (lane & 3) == 0)
@@ -546,17 +549,17 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     };
     const int owned = owned_rows();
     if (owned <= 1)
-      push_merge_receive<D, 1>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     else if (owned == 2)
-      push_merge_receive<D, 2>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 2>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     else if (owned <= 4)
-      push_merge_receive<D, 4>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 4>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     else
-      push_merge_receive<D, 8>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 8>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     MSA_TRACE_MARK(10, 0);
 #ifdef MSA_TOKEN_TRACE
     // The same merge again, warm (instruction cache, shared memory): how much of mark 8 -> 9 is code fetch.
-    if (owned <= 1) push_merge_receive<D, 1>(recv_o, recv_lse, S, split, rows_per_split, owned, real_row, emit_w);
+    if (owned <= 1) push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     MSA_TRACE_MARK(11, 0);
 #endif
     MSA_TRACE_END(S);
