@@ -165,7 +165,6 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
               "msa.plan_decode: environment variable MSA_PAGED_TOKEN_MERGE: expected 'pull' or 'push', got '", e, "'");
     push = false;
   }
-  const uint32_t split_smem = push ? kTokenSmemPushBytes : kTokenSmemBytes;  // of a plan with splits
   const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
   int per_sm = INT32_MAX;
   for (ScalarType t : kDtypes) {
@@ -173,13 +172,19 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     if (push) (void)prepare_kernel(dev.device, token_kernel_entry(t, true), kTokenThreads, kTokenSmemPushBytes);
   }
   if (per_sm < 1) return false;
-  const auto clusters_fit = [&](int64_t n) {
+  // Clusters of n CTAs that fit the device at once, with the push merge's shared memory or the pull's.
+  const auto clusters_fit = [&](int64_t n, bool with_push) {
     int fit = INT32_MAX;
     for (ScalarType t : kDtypes)
-      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t, push), kTokenThreads, split_smem,
-                                            static_cast<int>(n)));
+      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t, with_push), kTokenThreads,
+                                            with_push ? kTokenSmemPushBytes : kTokenSmemBytes, static_cast<int>(n)));
     return fit;
   };
+  // The push merge's ~121 KB leave one CTA per SM, so fewer clusters fit than with the pull merge's
+  // ~104 KB (two per SM): M3-TP4 D-B32 (32 items of 4 splits) ran 19.35 us with push, whose clusters
+  // did not all fit, against 17.41 us with pull (d07921b). A plan takes push where its clusters all
+  // fit, else pull with the same split count.
+  bool push_fits = push;
   // Splits: fixed-size ranges when asked (batch-invariant; the kernel serves such a plan only when
   // top-k / F ranges always fit one cluster, so the choice does not depend on the batch or the
   // lengths), else one CTA per SM, in clusters that all fit the device at once. One CTA per SM, not
@@ -194,7 +199,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
     splits = ceil_div64(n_max, so.fixed_split_blocks);
     if (so.max_splits > 0 && splits > so.max_splits) return false;
-    if (splits > 1 && clusters_fit(splits) < 1) return false;
+    if (splits > 1 && clusters_fit(splits, false) < 1) return false;
+    push_fits = push && clusters_fit(splits, true) >= 1;
   } else {
     const int64_t slots = dev.sm_count;
     splits = items >= slots ? 1 : std::min(slots / items, n_max);
@@ -202,12 +208,13 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     splits = std::clamp<int64_t>(splits, 1, kTokenMaxSplits);
     int64_t chosen = 1;
     for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}}) {
-      if (n > 1 && n <= splits && clusters_fit(n) >= items) {
+      if (n > 1 && n <= splits && clusters_fit(n, false) >= items) {
         chosen = n;
         break;
       }
     }
     splits = chosen;
+    push_fits = push && splits > 1 && clusters_fit(splits, true) >= items;
   }
   st.token_kernel = true;
   st.head_dim = kTokenHeadDim;
@@ -221,7 +228,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.splits = static_cast<int>(splits);
   st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
   st.stages = kTokenStages;
-  st.push_merge = push && splits > 1;
+  st.push_merge = push_fits && splits > 1;
   st.smem_bytes = st.push_merge ? kTokenSmemPushBytes : kTokenSmemBytes;
   st.spec_qo_len = 1;
   st.pdl = true;
