@@ -181,9 +181,11 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     return fit;
   };
   // The push merge's ~121 KB leave one CTA per SM, so fewer clusters fit than with the pull merge's
-  // ~104 KB (two per SM): M3-TP4 D-B32 (32 items of 4 splits) ran 19.35 us with push, whose clusters
-  // did not all fit, against 17.41 us with pull (d07921b). A plan takes push where its clusters all
-  // fit, else pull with the same split count.
+  // ~104 KB (two per SM). Push saves ~2 us a call (D-B1 7.2 vs 9.2 us); a block more per CTA costs
+  // about 1-1.5 us. So a plan takes push with the most splits whose clusters all fit when that adds
+  // at most one block per CTA to pull's split count, else pull (H200, c50e0f4 / d07921b, M3-TP4:
+  // D-B32 push at 2 splits 19.35 us, pull at 4 splits 17.41; D-B8 push at 8 splits 8.80 us, pull at
+  // 16 splits 11.58).
   bool push_fits = push;
   // Splits: fixed-size ranges when asked (batch-invariant; the kernel serves such a plan only when
   // top-k / F ranges always fit one cluster, so the choice does not depend on the batch or the
@@ -206,15 +208,15 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     splits = items >= slots ? 1 : std::min(slots / items, n_max);
     if (so.max_splits > 0) splits = std::min<int64_t>(splits, so.max_splits);
     splits = std::clamp<int64_t>(splits, 1, kTokenMaxSplits);
-    int64_t chosen = 1;
-    for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}}) {
-      if (n > 1 && n <= splits && clusters_fit(n, false) >= items) {
-        chosen = n;
-        break;
-      }
-    }
-    splits = chosen;
-    push_fits = push && splits > 1 && clusters_fit(splits, true) >= items;
+    const auto most_that_fit = [&](bool with_push) {
+      for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}})
+        if (n > 1 && n <= splits && clusters_fit(n, with_push) >= items) return n;
+      return int64_t{1};
+    };
+    const int64_t n_pull = most_that_fit(false);
+    const int64_t n_push = push ? most_that_fit(true) : 1;
+    push_fits = n_push > 1 && ceil_div64(n_max, n_push) <= ceil_div64(n_max, n_pull) + 1;
+    splits = push_fits ? n_push : n_pull;
   }
   st.token_kernel = true;
   st.head_dim = kTokenHeadDim;
