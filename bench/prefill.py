@@ -167,6 +167,7 @@ def msa_runner(c: Case, sel: torch.Tensor | None, mode: str = "auto", env: dict 
         msa.attention(plan, c.q, c.k_cache, c.v_cache, c.page_table, c.qo_indptr, c.kv_lens, block_idx=sel,
                       out=out, sm_scale=c.scale)
 
+    call.plan = plan.describe()  # recorded in the JSON rows: which kernels served the call
     return call, out
 
 
@@ -367,7 +368,7 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
             if us is None:
                 continue
             err = None if ref is None else float((out - ref[0].transpose(0, 1)).abs().max().item())
-            emit("dense", f"msa-dense{vname}", us, pairs, max_err=err, **extra)
+            emit("dense", f"msa-dense{vname}", us, pairs, max_err=err, plan=call.plan, **extra)
     del ref
 
     for pattern in ("random", "clustered", "shared"):
@@ -384,7 +385,7 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
                     us, extra = time_msa(call)
                     if us is None:
                         continue
-                    emit(pattern, impl, us, pairs, max_err=sparse_max_err(c, sel, o, gen), **extra)
+                    emit(pattern, impl, us, pairs, max_err=sparse_max_err(c, sel, o, gen), plan=call.plan, **extra)
                     if out is None:
                         out = o
                 except Exception as e:  # noqa: BLE001

@@ -107,6 +107,7 @@ bool run_phase(const PhaseJob& job, bool cuda, const DemoOptions& opt, const Dem
 #else
     const RunResult r = run_on_cpu(w, sizes.repeat);
 #endif
+    progress(prefix + "plan: " + r.plan);
     const double ms = r.median_ms();
     row.time = format_time(ms);
     if (ms > 0.0)

@@ -32,6 +32,7 @@ RunResult run_on_cpu(const Workload& w, int repeat) {
   }
   const AttentionArgs a = attention_args(w, buf, cpu);
   const Plan plan = make_plan(w, cpu);
+  r.plan = plan.describe();
   RunOptions opts;
   // The deep scan of page ids and block ids costs O(total_q * Hkv * topk), nothing beside the attention.
   opts.validate = true;

@@ -115,6 +115,7 @@ RunResult run_on_cuda(const Workload& w, int repeat) {
   }
   cuda_check(cudaStreamSynchronize(stream.s), "timed runs");
   RunResult r;
+  r.plan = plan.describe();
   for (int i = 0; i < repeat; ++i) {
     float ms = 0.f;
     cuda_check(cudaEventElapsedTime(&ms, start[i].e, stop[i].e), "cudaEventElapsedTime");

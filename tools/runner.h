@@ -14,6 +14,7 @@ struct RunResult {
   std::vector<uint16_t> o;          // [total_q, Hq, Dv] bf16, from the last run
   std::vector<int32_t> block_idx;   // pattern indexer: the selections the last run made
   std::vector<double> times_ms;     // one per timed run
+  std::string plan;                 // Plan::describe() of the plan that ran
   double median_ms() const;
 };
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "msa/tensor.h"
@@ -68,6 +69,12 @@ class Plan {
   const std::vector<int32_t>& qo_offset() const { return qo_offset_; }  // empty: kv_len - qo_len
   const SplitOptions& split_options() const { return split_; }
   bool valid() const { return batch_size_ > 0; }
+
+  // How the plan runs, as space-separated key=value pairs: the backend, and for CUDA plans the kernel
+  // family of each path and its work split (e.g. "backend=cuda phase=decode device=0 sm=90 paged=token
+  // splits=16 merge=push").
+  // For logs and tests; the keys may grow.
+  std::string describe() const;
 
   // Backend state (work lists, workspaces); null for the CPU backend.
   const std::shared_ptr<detail::PlanState>& state() const { return state_; }

@@ -227,6 +227,25 @@ void bind_plan(nb::module_& m) {
       .def_prop_ro("topk", [](const msa::Plan& p) { return p.config().topk; },
                    "Slots per block_idx row; 0 for dense attention.")
       .def_prop_ro("causal", [](const msa::Plan& p) { return p.config().causal; }, "Causal masking.")
+      .def(
+          "describe",
+          [](const msa::Plan& p) {
+            nb::dict d;
+            const std::string s = p.describe();
+            for (size_t at = 0; at < s.size();) {
+              size_t end = s.find(' ', at);
+              if (end == std::string::npos) end = s.size();
+              const std::string kv = s.substr(at, end - at);
+              const size_t eq = kv.find('=');
+              if (eq != std::string::npos) d[nb::str(kv.substr(0, eq).c_str())] = nb::str(kv.substr(eq + 1).c_str());
+              at = end + 1;
+            }
+            return d;
+          },
+          "How the plan runs, as a dict of strings: 'backend' ('cpu' or 'cuda'), 'phase', and for CUDA plans "
+          "the kernel family of each path and its work split, e.g. {'paged': 'token', 'splits': '16', "
+          "'merge': 'push', ...} for a single-token decode plan on Hopper, or 'sm90': 'prefill' with "
+          "'kvmajor' for the Hopper prefill kernels. For logs and tests; keys may be added.")
       .def("__repr__", &plan_repr);
 }
 

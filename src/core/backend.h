@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "core/params.h"
 #include "msa/plan.h"
@@ -14,6 +15,7 @@ namespace msa::detail {
 // Backend-owned plan state (work lists, workspaces). The CPU backend needs none.
 struct PlanState {
   virtual ~PlanState() = default;
+  virtual std::string describe() const = 0;  // Plan::describe() past "backend=..."
 };
 
 namespace reference {  // src/reference/: the contract, plainly written, threaded over (token, head)

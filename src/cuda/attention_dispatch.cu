@@ -19,6 +19,15 @@ std::shared_ptr<PlanState> make_plan_state(const Plan& plan) {
   return s;
 }
 
+std::string CudaPlanState::describe() const {
+  // The Hopper prefill kernels first when they apply (a run with parameters they do not take falls
+  // back to the paged family, listed after them).
+  std::string out = "device=" + std::to_string(device) + " sm=" + std::to_string(cc);
+  if (sm90_prefill) out += " " + sm90::describe(*sm90_prefill);
+  if (paged) out += " " + paged::describe(*paged);
+  return out;
+}
+
 void attention(const Plan& plan, const AttentionParams& p, void* stream) {
   MSA_CHECK(plan.state() != nullptr, kValue, "msa.attention: argument 'plan': built for the CPU, given CUDA tensors");
   const auto& s = static_cast<const CudaPlanState&>(*plan.state());

@@ -101,4 +101,9 @@ Plan plan_decode(const AttentionConfig& cfg, Device device, int batch_size, int 
   return p;
 }
 
+std::string Plan::describe() const {
+  if (!state_) return std::string("backend=cpu phase=") + (phase_ == Phase::kDecode ? "decode" : "prefill");
+  return std::string("backend=cuda phase=") + (phase_ == Phase::kDecode ? "decode " : "prefill ") + state_->describe();
+}
+
 }  // namespace msa

@@ -210,6 +210,14 @@ TEST(Attention, DecodePlanWithPaddingRows) {
   }
 }
 
+TEST(Attention, PlanDescribesItsBackend) {
+  ProblemSpec s = spec_of({1, 1}, {300, 129});
+  s.decode = true;
+  EXPECT_EQ(make_problem(s).plan.describe(), "backend=cpu phase=decode");
+  s.decode = false;
+  EXPECT_EQ(make_problem(s).plan.describe(), "backend=cpu phase=prefill");
+}
+
 TEST(Attention, ExplicitSmScale) {
   const Problem pr = make_problem(spec_of({64}, {256}, 2));
   msa::RunOptions opts;

@@ -36,6 +36,7 @@ def test_plan_properties():
     assert (plan.num_qo_heads, plan.num_kv_heads, plan.head_dim, plan.head_dim_v) == (8, 2, 64, 64)
     assert (plan.page_size, plan.topk, plan.causal) == (64, 4, True)
     assert repr(plan).startswith("msa.Plan(phase='decode'")
+    assert plan.describe() == {"backend": "cpu", "phase": "decode"}
 
 
 @pytest.mark.parametrize("pattern", ["random", None])

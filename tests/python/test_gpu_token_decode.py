@@ -112,9 +112,16 @@ def test_push_merge_is_bitwise_the_pull_merge(rng, monkeypatch, split, group):
     tensors = mt.to_torch(prob, "cuda", torch.bfloat16)
     monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1")
     monkeypatch.setenv("MSA_PAGED_TOKEN_MERGE", "pull")
-    o1, l1 = run_gpu(plan_for(prob, **split), prob, tensors)
+    pull_plan = plan_for(prob, **split)
+    o1, l1 = run_gpu(pull_plan, prob, tensors)
     monkeypatch.setenv("MSA_PAGED_TOKEN_MERGE", "push")
-    o2, l2 = run_gpu(plan_for(prob, **split), prob, tensors)
+    push_plan = plan_for(prob, **split)
+    o2, l2 = run_gpu(push_plan, prob, tensors)
+    assert pull_plan.describe()["paged"] == "token" and pull_plan.describe()["merge"] == "pull"
+    # 6 clusters of 2, 3 or 7 CTAs fit the device at one CTA per SM: the plan takes push there. With
+    # 16 splits it takes push only when 6 clusters of 16 fit (else pull at 16, see plan.cu).
+    if split:
+        assert push_plan.describe()["merge"] == "push", push_plan.describe()
     np.testing.assert_array_equal(o2, o1)
     np.testing.assert_array_equal(l2, l1)
     o_ref, lse_ref = mt.ref_attention(prob)

@@ -240,6 +240,16 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
 
 }  // namespace
 
+std::string describe(const State& s) {
+  if (!s.unsupported.empty()) return "paged=unsupported";
+  std::string out = s.token_kernel ? "paged=token" : "paged=general rows=" + std::to_string(s.rows) +
+                                                         " tile_tokens=" + std::to_string(s.tile_tokens);
+  out += " splits=" + std::to_string(s.splits);
+  if (s.fixed_split_blocks > 0) out += " fixed_split_blocks=" + std::to_string(s.fixed_split_blocks);
+  const char* merge = s.splits <= 1 ? "none" : s.push_merge ? "push" : s.cluster_merge ? "pull" : "workspace";
+  return out + " merge=" + merge + " stages=" + std::to_string(s.stages);
+}
+
 std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   const AttentionConfig& c = plan.config();
   const bool decode = plan.phase() == Phase::kDecode;

@@ -221,6 +221,14 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, bool bf16, cu
 
 }  // namespace
 
+std::string describe(const PrefillState& s) {
+  const char* rule = s.rule == KvMajorRule::kAlways ? "always" : s.rule == KvMajorRule::kWideUnion ? "wide-union" : "never";
+  std::string out = std::string("sm90=prefill tiles=") + std::to_string(s.num_tiles) + " kvmajor=" + rule;
+  if (s.rule != KvMajorRule::kNever)
+    out += " windows=" + std::to_string(s.num_windows) + " window_tiles=" + std::to_string(s.window_tiles);
+  return out;
+}
+
 std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPlanState& dev) {
   const AttentionConfig& c = plan.config();
   if (c.head_dim != kHeadDim || c.dv() != kHeadDim || c.block_size != kBlockKeys) return nullptr;
