@@ -140,14 +140,9 @@ __device__ void merge_splits_in_cluster(uint32_t po, uint32_t plse, int S, int r
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     float lse = -INFINITY;
     if (m != -INFINITY) {
-      // lse_weight as a select around an exp2 taken for every split (under the branch below the
-      // compiler put a divergence region around each exp2, 16 in a row).
-      float wts[kMaxClusterSplits];
+      float wts[kMaxClusterSplits];  // taken before the branch below (lse_weight_eager)
 #pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s) {
-        const float e = exp2_approx((ls[s] - m) * kLog2e);
-        wts[s] = ls[s] == m ? 1.f : e;
-      }
+      for (int s = 0; s < kMaxClusterSplits; ++s) wts[s] = lse_weight_eager(ls[s], m);
       float sum = 0.f;
       const uint32_t row = po + (r * D + c * 8) * 4u;
 #pragma unroll

@@ -82,8 +82,8 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
       m = lse_fold_max(m, s < S ? recv_lse[s * rows_per_split + jj] : -INFINITY);
     if (lane < kMaxClusterSplits) {
       const float ls = lane < S ? recv_lse[lane * rows_per_split + jj] : -INFINITY;
-      const float e = exp2_approx((ls - m) * kLog2e);  // lse_weight's exp2, taken unconditionally
-      merge_w[jj * kTokenMergeWStride + lane] = ls == -INFINITY ? 0.f : (ls == m ? 1.f : e);
+      const float w = lse_weight_eager(ls, m);
+      merge_w[jj * kTokenMergeWStride + lane] = ls == -INFINITY ? 0.f : w;
     }
     if (lane == 0) merge_w[jj * kTokenMergeWStride + kMaxClusterSplits] = m;
   }
