@@ -25,6 +25,7 @@
 #include <climits>
 #include <cstdint>
 #include <cuda/ptx>
+#include <type_traits>
 
 #include "cuda/paged/config.cuh"
 #include "cuda/paged/kernel_params.cuh"
@@ -141,6 +142,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const AttentionParams& p = kp.a;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.x, g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
+  const uint32_t s_magic = (65536u + static_cast<uint32_t>(S) - 1u) / static_cast<uint32_t>(S);  // see the split ranges
   const uint32_t s_stages = smem_addr(smem) + kTokenSmemStages;
   const uint32_t s_q = smem_addr(smem) + kTokenSmemQ;
   const uint32_t s_p = smem_addr(smem) + kTokenSmemP;
@@ -212,15 +214,23 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     }
     // Bitonic sort of (block << 5 | lane), ascending; lanes without a block hold the largest key.
     key = ok ? (static_cast<uint32_t>(entry) << 5) | static_cast<uint32_t>(lane) : 0xffffffffu;
+    // With top-k <= 16 (M3) lanes 16-31 hold the largest key, so sorting lanes 0-15 (10 dependent
+    // shuffles instead of 15) sorts the warp.
+    const auto bitonic = [&](auto last) {
 #pragma unroll
-    for (int k = 2; k <= 32; k <<= 1) {
+      for (int k = 2; k <= decltype(last)::value; k <<= 1) {
 #pragma unroll
-      for (int j = k >> 1; j > 0; j >>= 1) {
-        const uint32_t other = __shfl_xor_sync(kFull, key, j);
-        const bool up = (lane & k) == 0, low = (lane & j) == 0;
-        key = (low == up) ? min(key, other) : max(key, other);
+        for (int j = k >> 1; j > 0; j >>= 1) {
+          const uint32_t other = __shfl_xor_sync(kFull, key, j);
+          const bool up = (lane & k) == 0, low = (lane & j) == 0;
+          key = (low == up) ? min(key, other) : max(key, other);
+        }
       }
-    }
+    };
+    if (topk <= 16)
+      bitonic(std::integral_constant<int, 16>{});
+    else
+      bitonic(std::integral_constant<int, 32>{});
   }
   if (!has_token) return;  // every CTA of this (request, head) cluster returns here
   const int G = p.group_size;
@@ -230,7 +240,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) {
       namespace ptx = ::cuda::ptx;
-      if (tid == 0) {  // one arrival, announcing the bytes every split will send this CTA
+      if (tid == 32) {  // one arrival, announcing the bytes every split will send this CTA (warp 1: off warp 0's path)
         uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
         ptx::mbarrier_init(merge_bar, 1);
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
@@ -245,11 +255,15 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // ---- 2a. Q: 16 rows (heads g*G .. g*G+G-1, zeros past G) x 128 dims, 16-byte chunks swizzled -------
   {
     const T* qg = static_cast<const T*>(p.q) + q0 * p.q_stride_token + static_cast<int64_t>(g) * G * p.q_stride_head;
+    // By warps 1-3 (256 chunks of 16 bytes, 3 per thread): warp 0 builds the list meanwhile.
+    if (warp != 0) {
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int idx = tid + k * kTokenThreads, r = idx >> 4, c = idx & 15;
-      const bool ok = r < G;
-      cp_async_16(s_q + r * kRowBytes + ((c ^ (r & 7)) << 4), ok ? qg + r * p.q_stride_head + c * 8 : p.q, ok ? 16 : 0);
+      for (int k = 0; k < 3; ++k) {
+        const int idx = tid - 32 + k * (kTokenThreads - 32), r = idx >> 4, c = idx & 15;
+        const bool ok = r < G;
+        if (idx < kTokenRows * 16)
+          cp_async_16(s_q + r * kRowBytes + ((c ^ (r & 7)) << 4), ok ? qg + r * p.q_stride_head + c * 8 : p.q, ok ? 16 : 0);
+      }
     }
     cp_async_commit();
   }
@@ -267,7 +281,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       lb = static_cast<int>(min(static_cast<int64_t>(n_list), split * F));
       le = split == S - 1 ? n_list : static_cast<int>(min(static_cast<int64_t>(n_list), lb + F));
     } else {
-      const int chunk = (n_list + S - 1) / S;
+      // ceil(n_list / S) without a division on warp 0's path: (x * ceil(2^16 / S)) >> 16 == x / S for
+      // x = n_list + S - 1 <= 47 and S <= 16 (the product's excess, x * (ceil(2^16/S) - 2^16/S) / 2^16 < 1/S,
+      // never carries past the next multiple of 1/S); s_magic is found before the first trip returns.
+      const int chunk = static_cast<int>((static_cast<uint32_t>(n_list + S - 1) * s_magic) >> 16);
       lb = min(n_list, split * chunk);
       le = min(n_list, lb + chunk);
     }
