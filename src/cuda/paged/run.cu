@@ -25,6 +25,7 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   kp.tiles_per_req = s.tiles_per_req;
   kp.scan_tiles = s.scan_tiles;
   kp.num_splits = s.splits;
+  kp.split_magic = (65536u + static_cast<uint32_t>(s.splits) - 1u) / static_cast<uint32_t>(s.splits);
   kp.fixed_split_blocks = s.fixed_split_blocks;
   kp.num_stages = s.stages;
   kp.list_cap = s.list_cap;

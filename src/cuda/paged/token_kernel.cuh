@@ -142,7 +142,6 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const AttentionParams& p = kp.a;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.x, g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
-  const uint32_t s_magic = (65536u + static_cast<uint32_t>(S) - 1u) / static_cast<uint32_t>(S);  // see the split ranges
   const uint32_t s_stages = smem_addr(smem) + kTokenSmemStages;
   const uint32_t s_q = smem_addr(smem) + kTokenSmemQ;
   const uint32_t s_p = smem_addr(smem) + kTokenSmemP;
@@ -171,14 +170,18 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // used before that return).
   const int32_t qo_a = p.seqs.qo_indptr[b], qo_c = p.seqs.qo_indptr[b + 1];
   const int32_t pg_a = p.pages.indptr ? p.pages.indptr[b] : 0, pg_c = p.pages.indptr ? p.pages.indptr[b + 1] : 0;
-  const int64_t q0 = min(max(static_cast<int64_t>(qo_a), int64_t{0}), p.seqs.total_q);
-  const int64_t q1 = min(max(static_cast<int64_t>(qo_c), q0), p.seqs.total_q);  // request_rows' clamp
+  // request_rows' clamp in 32 bits (qo_indptr holds int32, so total_q past INT32_MAX clamps nothing more):
+  // these and the lengths below sit between the first trip and the page reads on warp 0's path.
+  const int32_t total_q32 = static_cast<int32_t>(min(p.seqs.total_q, int64_t{INT32_MAX}));
+  const int32_t q0i = min(max(qo_a, 0), total_q32), q1i = min(max(qo_c, q0i), total_q32);
+  const int64_t q0 = q0i, q1 = q1i;
   MSA_TRACE_MARK(1, qo_a + qo_c + pg_a + pg_c + entry);  // the first round trip
   const bool has_token = q1 > q0;
   const int kv_len = max(p.seqs.kv_lens[b], 0);
-  const int64_t pos = p.seqs.qo_offset ? static_cast<int64_t>(p.seqs.qo_offset[b]) : kv_len - (q1 - q0);
-  // Keys [0, kv_hi) are visible to the token (causal: up to its position).
-  const int kv_hi = p.causal ? max(0, min(kv_len, clamp_pos(pos + 1))) : kv_len;
+  const int32_t pos = p.seqs.qo_offset ? p.seqs.qo_offset[b] : kv_len - (q1i - q0i);
+  // Keys [0, kv_hi) are visible to the token (causal: up to its position): max(0, min(kv_len, pos + 1)),
+  // with pos + 1 formed only below kv_len (no overflow).
+  const int kv_hi = p.causal ? (pos >= kv_len ? kv_len : max(pos + 1, 0)) : kv_len;
   int64_t row_base, row_len;
   if (p.pages.indptr) {
     const int64_t cap = p.pages.row_capacity;
@@ -198,17 +201,23 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     if (q0 != b && lane < topk) entry = has_token ? read_entry(q0) : -1;
     // A block is taken when it holds a visible key: 0 <= e and e * 128 < kv_hi (below kv_len and, when
     // causal, not past the token's position).
-    const bool ok = has_token && lane < topk && entry >= 0 && static_cast<int64_t>(entry) * kBlock < kv_hi;
+    const bool ok = has_token && lane < topk && entry >= 0 &&
+                    static_cast<uint32_t>(entry) < (static_cast<uint32_t>(kv_hi) + kBlock - 1) / kBlock;
     if (ok) {
-      const int ps = p.k.page_size;
+      const uint32_t ps = static_cast<uint32_t>(p.k.page_size);
+      // entry * 128 < kv_hi <= INT32_MAX, so ju < 2^31 + 64: 32-bit unsigned arithmetic is exact.
+      const uint32_t ju[2] = {static_cast<uint32_t>(entry) * kBlock, static_cast<uint32_t>(entry) * kBlock + kTokenTileKeys};
+      uint32_t lp[2];
+      if (kp.page_shift >= 0) {  // one branch for both tiles (a power-of-two page: every plan the bench makes)
+        lp[0] = ju[0] >> kp.page_shift, lp[1] = ju[1] >> kp.page_shift;
+      } else {
+        lp[0] = ju[0] / ps, lp[1] = ju[1] / ps;
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t j0 = static_cast<int64_t>(entry) * kBlock + h * kTokenTileKeys;
-        const uint32_t ju = static_cast<uint32_t>(j0);
-        const uint32_t lp = kp.page_shift >= 0 ? ju >> kp.page_shift : ju / static_cast<uint32_t>(ps);
-        if (j0 < kv_hi && lp < row_len) {
-          page[h] = __ldg(p.pages.table + row_base + lp);
-          off[h] = static_cast<int32_t>(ju - lp * static_cast<uint32_t>(ps));
+        if (ju[h] < static_cast<uint32_t>(kv_hi) && lp[h] < row_len) {
+          page[h] = __ldg(p.pages.table + row_base + lp[h]);
+          off[h] = static_cast<int32_t>(ju[h] - lp[h] * ps);
         }
       }
     }
@@ -283,8 +292,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     } else {
       // ceil(n_list / S) without a division on warp 0's path: (x * ceil(2^16 / S)) >> 16 == x / S for
       // x = n_list + S - 1 <= 47 and S <= 16 (the product's excess, x * (ceil(2^16/S) - 2^16/S) / 2^16 < 1/S,
-      // never carries past the next multiple of 1/S); s_magic is found before the first trip returns.
-      const int chunk = static_cast<int>((static_cast<uint32_t>(n_list + S - 1) * s_magic) >> 16);
+      // never carries past the next multiple of 1/S); kp.split_magic = ceil(2^16 / S) comes from the host
+      // (computed in the kernel, ptxas sank its division to here).
+      const int chunk = static_cast<int>((static_cast<uint32_t>(n_list + S - 1) * kp.split_magic) >> 16);
       lb = min(n_list, split * chunk);
       le = min(n_list, lb + chunk);
     }
@@ -297,15 +307,11 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     // A tile whose page is missing or outside the pool shows nothing (its keys are skipped).
     const bool t0 = mine && pg0 >= 0 && pg0 < p.pages.num_pages;
     const bool t1 = mine && pg1 >= 0 && pg1 < p.pages.num_pages && j0 + kTokenTileKeys < kv_hi;
-    const int cnt = static_cast<int>(t0) + static_cast<int>(t1);
-    int at = cnt;  // inclusive scan over the lanes (sorted order)
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(kFull, at, d);
-      if (lane >= d) at += v;
-    }
-    if (lane == 31) *n_tiles_smem = at;
-    at -= cnt;
+    // Exclusive scan of the lanes' tile counts (0, 1 or 2) in sorted order, by two ballots: the lanes below
+    // holding a tile 0 plus those holding a tile 1 (instead of 5 dependent shuffles on warp 0's path).
+    const unsigned has0 = __ballot_sync(kFull, t0), has1 = __ballot_sync(kFull, t1), below = (1u << lane) - 1u;
+    int at = __popc(has0 & below) + __popc(has1 & below);
+    if (lane == 0) *n_tiles_smem = __popc(has0) + __popc(has1);
     const int64_t kh = static_cast<int64_t>(g) * p.k.stride_head, vh = static_cast<int64_t>(g) * p.v.stride_head;
     if (t0) {
       tiles[at] = TokenTile{pg0 * p.k.stride_page + of0 * p.k.stride_token + kh,
