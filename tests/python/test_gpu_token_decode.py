@@ -1,7 +1,7 @@
 """The single-token decode kernel (src/cuda/paged/token_kernel.cuh, sm_90) against the float64 reference,
 with either split merge (MSA_PAGED_TOKEN_MERGE=pull|push), and the general paged kernel on the same
 problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per request, head dim 128, G <= 16, top-k <= 32,
-pages of a multiple of 64 tokens. Unsorted rows with -1 slots and duplicates, empty rows, qo_len 0
+pages of a multiple of 64 tokens (powers of two and not). Unsorted rows with -1 slots and duplicates, empty rows, qo_len 0
 requests (the guessed token row is wrong), lengths that end inside a 64-key tile, prefixes,
 non-causal, the slot-major pool, flat page tables, the [Hkv, T, topk] index layout, bad pages, splits
 forced or fixed, fp16. Outputs are poisoned (NaN) before every run.
@@ -49,6 +49,17 @@ def test_page_layouts(rng, kernel, page_size, layout):
     prob = decode_problem(rng, [900, 257, 1, 4000, 191], page_size=page_size, slot_major=layout == "slot_major",
                           flat_pages=layout == "flat", index_layout="HTK" if layout == "htk" else "THK")
     check(plan_for(prob, max_qo_len=1), prob)
+
+
+@pytest.mark.parametrize("page_size", [192, 320])
+def test_page_size_not_a_power_of_two(rng, kernel, page_size):
+    """Pages of a multiple of 64 tokens that are no power of two: a tile's page by a division (page_shift
+    -1), and a 128-key block whose two tiles lie in two pages."""
+    prob = decode_problem(rng, [900, 257, 1, 4000, 191], page_size=page_size, topk=16)
+    plan = plan_for(prob, max_qo_len=1)
+    if kernel != "general":
+        assert plan.describe()["paged"] == "token", plan.describe()
+    check(plan, prob)
 
 
 def test_ragged_batch_and_empty_rows(rng, kernel):
