@@ -2,9 +2,10 @@
 # A/B of two builds of the decode kernels on a GPU machine, in alternating processes. Single runs of one
 # build differ by 0.1-0.4 us at D-B1 between processes (the floors move with them), so a 0.2 us change
 # shows only as A, B, A, B, ... in one call (docs/decode.md, fifth session). Usage, from this tree (= B):
-#   scripts/ab_decode.sh A_DIR [REPS] [bench/decode.py args ...]
+#   scripts/ab_decode.sh A_DIR[,A_DIR2,...] [REPS] [bench/decode.py args ...]
 # A_DIR is another checkout, e.g. made here with `git worktree add ab_main main` and passed in the device
-# call's carry list; default args: --quick --floor --only D-B1,D-B32,D-mixed --iters 100. AB_TESTS=1 first
+# call's carry list (several, comma-separated: each run then cycles A, A2, ..., B; lines are labelled by
+# directory); default args: --quick --floor --only D-B1,D-B32,D-mixed --iters 100. AB_TESTS=1 first
 # runs the decode GPU tests and compute-sanitizer (sanitize_decode.py) on B. Writes $OUT/ab.txt (a line per
 # run: the us of each row) and $OUT/abr.tgz (logs and each run's JSON). Both sides run this tree's bench script.
 set -u
@@ -14,7 +15,8 @@ cd "$(dirname "$0")/.."
 R=${OUT:-$PWD/out}; W=$(mktemp -d); mkdir -p "$R"
 build() { (cd "$1" && cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES="${MSA_CUDA_ARCH:-90a-real}" > /dev/null &&
            cmake --build build -j"$(nproc)" > /dev/null) || { echo "build of $1 failed"; exit 1; }; }
-build . & build "$A"; wait
+IFS=, read -r -a DIRS <<< "$A"
+for d in "${DIRS[@]}"; do build "$d" & done; build .; wait
 if [ "${AB_TESTS:-0}" = 1 ]; then
   PYTHONPATH=$PWD/build/python python3 -m pytest -q -m gpu -p no:cacheprovider tests/python/test_gpu_token_decode.py \
     tests/python/test_gpu_graph.py tests/python/test_gpu_dropin.py tests/python/test_gpu_attention.py -n 8 --timeout 300 \
@@ -26,8 +28,8 @@ if [ "${AB_TESTS:-0}" = 1 ]; then
   done
 fi
 for rep in $(seq "$REPS"); do
-  for side in A B; do
-    d=.; [ $side = A ] && d=$A
+  for d in "${DIRS[@]}" .; do
+    side=$(basename "$(cd "$d" && pwd)"); [ "$d" = . ] && side=B
     PYTHONPATH=$d/build/python python3 bench/decode.py "${ARGS[@]}" --out-dir "$W/$side$rep" > "$W/$side$rep.log" 2>&1
     echo "$rep $side $(grep -E '^D-' "$W/$side$rep.log" | awk '{printf "%s:%s=%s ", $1, $4, $5}') $(grep ceilings "$W/$side$rep.log")"
   done
