@@ -7,10 +7,13 @@
 # call's carry list (several, comma-separated: each run then cycles A, A2, ..., B; lines are labelled by
 # directory); default args: --quick --floor --only D-B1,D-B32,D-mixed --iters 100. AB_TESTS=1 first
 # runs the decode GPU tests and compute-sanitizer (sanitize_decode.py) on B. Writes $OUT/ab.txt (a line per
-# run: the us of each row) and $OUT/abr.tgz (logs and each run's JSON). Both sides run this tree's bench script.
+# run: workload:shape:pattern:impl=us of each row) and $OUT/abr.tgz (logs and each run's JSON). Both sides run this
+# tree's bench script. AB_BENCH=prefill (or another bench/NAME.py) compares with that bench instead (give its
+# args, e.g. --quick --workload P-chunk --patterns random --no-peers).
 set -u
 A=${1:?usage: scripts/ab_decode.sh A_DIR [REPS] [bench args]}; REPS=${2:-3}; shift; [ $# -gt 0 ] && shift
-ARGS=("$@"); [ ${#ARGS[@]} -eq 0 ] && ARGS=(--quick --floor --only D-B1,D-B32,D-mixed --iters 100)
+BENCH=${AB_BENCH:-decode}
+ARGS=("$@"); [ ${#ARGS[@]} -eq 0 ] && [ "$BENCH" = decode ] && ARGS=(--quick --floor --only D-B1,D-B32,D-mixed --iters 100)
 cd "$(dirname "$0")/.."
 R=${OUT:-$PWD/out}; W=$(mktemp -d); mkdir -p "$R"
 build() { (cd "$1" && cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES="${MSA_CUDA_ARCH:-90a-real}" > /dev/null &&
@@ -30,8 +33,8 @@ fi
 for rep in $(seq "$REPS"); do
   for d in "${DIRS[@]}" .; do
     side=$(basename "$(cd "$d" && pwd)"); [ "$d" = . ] && side=B
-    PYTHONPATH=$d/build/python python3 bench/decode.py "${ARGS[@]}" --out-dir "$W/$side$rep" > "$W/$side$rep.log" 2>&1
-    echo "$rep $side $(grep -E '^D-' "$W/$side$rep.log" | awk '{printf "%s:%s=%s ", $1, $4, $5}') $(grep ceilings "$W/$side$rep.log")"
+    PYTHONPATH=$d/build/python python3 "bench/$BENCH.py" "${ARGS[@]}" --out-dir "$W/$side$rep" > "$W/$side$rep.log" 2>&1
+    echo "$rep $side $(grep -E '^[DPI]-' "$W/$side$rep.log" | awk '{printf "%s:%s:%s:%s=%s ", $1, $2, $3, $4, $5}') $(grep ceilings "$W/$side$rep.log")"
   done
 done | tee "$R/ab.txt"
 tar -C "$W" -czf "$R/abr.tgz" .
