@@ -33,6 +33,7 @@ def host_us(build, reps: int) -> tuple[float, float]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
     args = ap.parse_args()
     common.main_guard()
     ceil = common.ceilings()
@@ -47,7 +48,7 @@ def main():
         med, worst = host_us(lambda: msa.plan_prefill(qo, kv, **m3), max(args.reps // 5, 5))
         rows.append(common.row(f"plan-prefill-{name}", "M3-TP1", "sparse", "msa", med, worst_us=round(worst, 2)))
         print(f"plan_prefill {name:<8} median {med:8.2f} us  max {worst:8.2f} us", flush=True)
-    common.write_results("plan", ceil, rows)
+    common.write_results("plan", ceil, rows, args.out_dir)
 
 
 if __name__ == "__main__":

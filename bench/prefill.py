@@ -418,6 +418,7 @@ def main():
                     help="cases where FlexAttention runs: all, none, or SHAPE:WORKLOAD,... (its compile takes ~20 s a case)")
     ap.add_argument("--profile", action="store_true", help="per-kernel device time of each msa row")
     ap.add_argument("--once", action="store_true", help="one call per msa row, no timing (for ncu)")
+    ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
     args = ap.parse_args()
     main_guard()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -432,7 +433,7 @@ def main():
         for wl in wls:
             bench_case(shape, wl, args, ceil, rows, args.seed)
     if not args.once:
-        write_results("prefill", ceil, rows)
+        write_results("prefill", ceil, rows, args.out_dir)
 
 
 if __name__ == "__main__":
