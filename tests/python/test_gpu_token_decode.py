@@ -1,8 +1,8 @@
 """The single-token decode kernel (src/cuda/paged/token_kernel.cuh, sm_90) against the float64 reference,
 with either split merge (MSA_PAGED_TOKEN_MERGE=pull|push), and the general paged kernel on the same
 problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per request, head dim 128, G <= 16, top-k <= 32,
-pages of a multiple of 64 tokens (powers of two and not). Unsorted rows with -1 slots and duplicates, empty rows, qo_len 0
-requests (the guessed token row is wrong), lengths that end inside a 64-key tile, prefixes,
+pages of a multiple of 64 tokens (powers of two and not). Unsorted rows with -1 slots and duplicates,
+empty rows, qo_len 0 requests (the guessed token row is wrong), lengths that end inside a 64-key tile, prefixes,
 non-causal, the slot-major pool, flat page tables, the [Hkv, T, topk] index layout, bad pages, splits
 forced or fixed, fp16. Outputs are poisoned (NaN) before every run.
 
