@@ -6,7 +6,7 @@
 # A_DIR is another checkout, e.g. made here with `git worktree add ab_main main` and passed in the device
 # call's carry list (several, comma-separated: each run then cycles A, A2, ..., B; lines are labelled by
 # directory); default args: --quick --floor --only D-B1,D-B32,D-mixed --iters 100. AB_TESTS=1 first
-# runs the decode GPU tests and compute-sanitizer (sanitize_decode.py) on B. Writes $OUT/ab.txt (a line per
+# runs the decode GPU tests and compute-sanitizer (sanitize_decode.py) on B through device_check.sh. Writes $OUT/ab.txt (a line per
 # run: workload:shape:pattern:impl=us of each row) and $OUT/abr.tgz (logs and each run's JSON). Both sides run this
 # tree's bench script. AB_BENCH=prefill (or another bench/NAME.py) compares with that bench instead (give its
 # args, e.g. --quick --workload P-chunk --patterns random --no-peers).
@@ -20,15 +20,10 @@ build() { (cd "$1" && cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$
            cmake --build build -j"$(nproc)" > /dev/null) || { echo "build of $1 failed"; exit 1; }; }
 IFS=, read -r -a DIRS <<< "$A"
 for d in "${DIRS[@]}"; do build "$d" & done; build .; wait
-if [ "${AB_TESTS:-0}" = 1 ]; then
-  PYTHONPATH=$PWD/build/python python3 -m pytest -q -m gpu -p no:cacheprovider tests/python/test_gpu_token_decode.py \
-    tests/python/test_gpu_graph.py tests/python/test_gpu_dropin.py tests/python/test_gpu_attention.py -n 8 --timeout 300 \
-    -rf 2>&1 | tail -3 | tee "$R/pytest.txt"
-  for tool in memcheck racecheck synccheck; do
-    PYTHONPATH=$PWD/build/python compute-sanitizer --tool $tool --error-exitcode 9 python3 tests/python/sanitize_decode.py \
-      > "$W/sanitize_$tool.log" 2>&1
-    echo "$tool rc=$? $(grep SUMMARY "$W/sanitize_$tool.log" | tail -1)"
-  done
+if [ "${AB_TESTS:-0}" = 1 ]; then  # device_check's stages on B's build (its logs: $OUT/results.tgz, summary.txt)
+  OUT=$R scripts/device_check.sh "test=tests/python/test_gpu_token_decode.py tests/python/test_gpu_graph.py \
+tests/python/test_gpu_dropin.py tests/python/test_gpu_attention.py -n 8 --timeout 300 -rf" \
+    sanitize=tests/python/sanitize_decode.py | grep -E "passed|failed|SUMMARY"
 fi
 for rep in $(seq "$REPS"); do
   for d in "${DIRS[@]}" .; do
