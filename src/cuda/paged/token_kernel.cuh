@@ -59,8 +59,9 @@ struct TokenTile {
 // time every CTA of the cluster has long arrived. The merge arithmetic is merge_splits_in_cluster's,
 // in the same split order, so the result is bitwise the pull merge's.
 //
-// The owner merges in two steps. (A) One warp per owned row folds the split lse values into the max
-// (in split order, every lane, as merge_splits_in_cluster does) and lane s takes split s's weight;
+// The owner merges in two steps. (A) One warp per owned row takes the max of the split lse values
+// (a butterfly; merge_splits_in_cluster's fold in split order gives the same value, see below) and
+// lane s takes split s's weight;
 // the weights and the max go to shared memory. (B) Every thread takes W = 1, 2, 4 or 8 consecutive
 // values of an owned row (S = 16: one row, one value per thread) and sums the splits' values with
 // those weights, the sum of the weights in split order beside it. Per value this is
@@ -77,12 +78,15 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
   constexpr int kGroups = D / W;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int jj = warp; jj < owned; jj += kTokenThreads / 32) {  // (A)
-    float m = -INFINITY;
+    // The max by a butterfly over the lanes (lane s: split s) instead of a fold in split order: the
+    // same value whenever no lse is NaN (max picks one of its inputs; -inf is the identity; a +0 / -0
+    // tie gives weight 1 and the same lse either way); a NaN lse makes its weight, the sum and so
+    // the row NaN with either max.
+    const float ls = lane < S ? recv_lse[lane * rows_per_split + jj] : -INFINITY;
+    float m = ls;
 #pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s)
-      m = lse_fold_max(m, s < S ? recv_lse[s * rows_per_split + jj] : -INFINITY);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane < kMaxClusterSplits) {
-      const float ls = lane < S ? recv_lse[lane * rows_per_split + jj] : -INFINITY;
       const float w = lse_weight_eager(ls, m);
       merge_w[jj * kTokenMergeWStride + lane] = ls == -INFINITY ? 0.f : w;
     }
@@ -358,6 +362,40 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   };
 #pragma unroll
   for (int x = 0; x < kTokenStages - 1; ++x) issue(x, x);
+  if constexpr (kPushMerge) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The cluster barrier's wait (every CTA of the cluster has initialized its merge barrier) taken
+    // while the first K/V tiles are in flight: at the sends it cost ~600 cycles of the D-B1 tail
+    // (token_trace at d07921b, normalize included); every CTA arrived at its start long before.
+    if (S > 1) ::cuda::ptx::barrier_cluster_wait();
+#endif
+  }
+  // The push merge's destinations of this thread's two rows (owner CTA, slot, mapped addresses), found
+  // now while the tiles fly: at the sends they were ~330 instructions with the normalize (integer
+  // divisions by S, mapa), ~585 cycles of the D-B1 tail (token_trace at d07921b).
+  float* send_o[2] = {nullptr, nullptr};
+  float* send_lse[2] = {nullptr, nullptr};
+  uint64_t* send_bar[2] = {nullptr, nullptr};
+  if constexpr (kPushMerge) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (S > 1) {
+      const int rows_per_split = (kTokenRows + S - 1) / S;
+      uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
+      float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);
+      float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = (lane >> 2) + 8 * j;
+        if (r >= G) continue;
+        const unsigned owner = static_cast<unsigned>(r % S);
+        const int slot = split * rows_per_split + r / S;
+        send_bar[j] = static_cast<uint64_t*>(__cluster_map_shared_rank(merge_bar, owner));
+        send_o[j] = static_cast<float*>(__cluster_map_shared_rank(recv_o + slot * D, owner)) + warp * 32 + 2 * (lane & 3);
+        send_lse[j] = static_cast<float*>(__cluster_map_shared_rank(recv_lse + slot, owner));
+      }
+    }
+#endif
+  }
 
   // Q fragments (A operand of 8 k-steps) in registers; Q is the oldest cp.async group.
   cp_async_wait<kTokenStages - 1>();
@@ -492,7 +530,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const bool seen = l_run[j] > 0.f;
-    inv[j] = seen ? 1.f / l_run[j] : 0.f;
+    inv[j] = seen ? __frcp_rn(l_run[j]) : 0.f;  // 1 / l correctly rounded, as 1.f / l (without its slow-path call)
     lse[j] = seen ? (m_run[j] + log2f(l_run[j])) * kLn2 : -INFINITY;
   }
   T* og = static_cast<T*>(p.o) + q0 * p.o_stride_token + static_cast<int64_t>(g) * G * p.o_stride_head;
@@ -527,28 +565,21 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace ptx = ::cuda::ptx;
     uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
-    ptx::barrier_cluster_wait();  // every CTA of the cluster has initialized its barrier
-    MSA_TRACE_MARK(7, 0);
+    MSA_TRACE_MARK(7, 0);  // (the cluster barrier was waited for after the first tiles were issued)
     const int rows_per_split = (kTokenRows + S - 1) / S;
     float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
     float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);      // [S][rows_per_split][D]
     float* merge_w = reinterpret_cast<float*>(smem + kTokenSmemMergeW);    // [owned][17]
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int r = row0 + 8 * j;
-      if (r >= G) continue;
-      const unsigned owner = static_cast<unsigned>(r % S);
-      const int slot = split * rows_per_split + r / S;
-      uint64_t* bar = static_cast<uint64_t*>(__cluster_map_shared_rank(merge_bar, owner));
-      float* dst = static_cast<float*>(__cluster_map_shared_rank(recv_o + slot * D, owner));
+      if (row0 + 8 * j >= G) continue;
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
         // A row that saw no key sends zeros (o * 0 would pass on a NaN the merge must not see).
         const float v[2] = {l_run[j] > 0.f ? o[n][2 * j] * inv[j] : 0.f, l_run[j] > 0.f ? o[n][2 * j + 1] * inv[j] : 0.f};
-        ptx::st_async(dst + warp * 32 + n * 8 + 2 * (lane & 3), v, bar);
+        ptx::st_async(send_o[j] + n * 8, v, send_bar[j]);
       }
-      if (warp == 0 && (lane & 3) == 0)
-        ptx::st_async(static_cast<float*>(__cluster_map_shared_rank(recv_lse + slot, owner)), lse[j], bar);
+      if (warp == 0 && (lane & 3) == 0) ptx::st_async(send_lse[j], lse[j], send_bar[j]);
     }
     MSA_TRACE_MARK(8, 0);
     while (!ptx::mbarrier_try_wait_parity(ptx::sem_acquire, ptx::scope_cluster, merge_bar, 0u)) {
