@@ -28,8 +28,9 @@ fi
 for rep in $(seq "$REPS"); do
   for d in "${DIRS[@]}" .; do
     side=$(basename "$(cd "$d" && pwd)"); [ "$d" = . ] && side=B
-    PYTHONPATH=$d/build/python python3 "bench/$BENCH.py" "${ARGS[@]}" --out-dir "$W/$side$rep" > "$W/$side$rep.log" 2>&1
-    echo "$rep $side $(grep -E '^[DPI]-' "$W/$side$rep.log" | awk '{printf "%s:%s:%s:%s=%s ", $1, $2, $3, $4, $5}') $(grep ceilings "$W/$side$rep.log")"
+    PYTHONPATH=$d/build/python python3 "bench/$BENCH.py" "${ARGS[@]}" --out-dir "$W/$side-r$rep" > "$W/$side-r$rep.log" 2>&1
+    echo "$rep $side $(grep -E '^[DPI]-' "$W/$side-r$rep.log" | awk '{printf "%s:%s:%s:%s=%s ", $1, $2, $3, $4, $5}') $(grep ceilings "$W/$side-r$rep.log")"
   done
 done | tee "$R/ab.txt"
 tar -C "$W" -czf "$R/abr.tgz" .
+python3 scripts/ab_table.py "$W" "scripts/ab_decode.sh $A $REPS ${ARGS[*]}" --json "$R/ab.json" > "$R/ab.md"
