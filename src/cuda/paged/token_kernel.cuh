@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     const uint32_t ks = s_stages + stage * kStageBytes, vs = ks + kTileBytes;
     stage = stage == kTokenStages - 1 ? 0 : stage + 1;
     const int visible = tiles[x].visible;
-    if (x < 2) MSA_TRACE_MARK(4 + x, visible);  // tile x landed
+    if (x < 8) MSA_TRACE_MARK(4 + x, visible);  // tile x landed
 
     float s[2][4];
 #pragma unroll
@@ -524,7 +524,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     }
   }
 
-  MSA_TRACE_MARK(6, __float_as_uint(o[0][0]) + __float_as_uint(l_run[0]));  // the tile loop done
+  MSA_TRACE_MARK(12, __float_as_uint(o[0][0]) + __float_as_uint(l_run[0]));  // the tile loop done
   // ---- 5. normalize; write o / lse, or this split's rows for the cluster merge -----------------------
   float inv[2], lse[2];
 #pragma unroll
@@ -548,6 +548,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       }
       if (lseg && warp == 0 && (lane & 3) == 0) lseg[r * p.lse_stride_head] = lse[j];
     }
+    MSA_TRACE_MARK(15, 0);
+    MSA_TRACE_END(S);
     return;
   }
   // The merged rows' writer (a chunk of 8 values of row r, and its lse with chunk 0).
@@ -565,7 +567,6 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace ptx = ::cuda::ptx;
     uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
-    MSA_TRACE_MARK(7, 0);  // (the cluster barrier was waited for after the first tiles were issued)
     const int rows_per_split = (kTokenRows + S - 1) / S;
     float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
     float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);      // [S][rows_per_split][D]
@@ -581,10 +582,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       }
       if (warp == 0 && (lane & 3) == 0) ptx::st_async(send_lse[j], lse[j], send_bar[j]);
     }
-    MSA_TRACE_MARK(8, 0);
+    MSA_TRACE_MARK(13, 0);  // rows sent
     while (!ptx::mbarrier_try_wait_parity(ptx::sem_acquire, ptx::scope_cluster, merge_bar, 0u)) {
     }
-    MSA_TRACE_MARK(9, 0);  // this CTA's rows arrived
+    MSA_TRACE_MARK(14, 0);  // this CTA's rows arrived
     // W: the owned values (owned x 128) spread over the 128 threads.
     const auto emit_w = [&](int r, int col, const auto& acc, float row_lse) {
       constexpr int W = sizeof(acc) / sizeof(float);
@@ -610,11 +611,11 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       push_merge_receive<D, 4>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     else
       push_merge_receive<D, 8>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
-    MSA_TRACE_MARK(10, 0);
+    MSA_TRACE_MARK(15, 0);
 #ifdef MSA_TOKEN_TRACE
     // The same merge again, warm (instruction cache, shared memory): how much of mark 8 -> 9 is code fetch.
     if (owned <= 1) push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
-    MSA_TRACE_MARK(11, 0);
+    MSA_TRACE_MARK(16, 0);
 #endif
     MSA_TRACE_END(S);
 #endif
@@ -636,7 +637,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     }
     if (warp == 0 && (lane & 3) == 0) plse[r] = lse[j];
   }
+  MSA_TRACE_MARK(13, 0);  // rows staged
   merge_splits_in_cluster<D, kTokenRows, kTokenThreads>(smem_addr(po), smem_addr(plse), S, split, real_row, emit);
+  MSA_TRACE_MARK(15, 0);
+  MSA_TRACE_END(S);
 }
 
 }  // namespace msa::detail::cuda::paged

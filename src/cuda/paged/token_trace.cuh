@@ -4,12 +4,13 @@
 //   cmake -S . -B build-trace -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a-real \
 //         -DCMAKE_CUDA_FLAGS=-DMSA_TOKEN_TRACE && cmake --build build-trace
 //   PYTHONPATH=build-trace/python python3 bench/decode.py --only D-B1 --iters 3
-// Thread 0 of every CTA of (request 0, KV head 0) prints, for launches kTraceFirst.. of the process,
-// its SM, its start on the global timer and each mark's clock64 offset from its first mark. A mark
-// first stores its `dep` value to shared memory (a volatile store), so it is taken only after that
-// value has arrived: marks after a load wait for the load. Marks (token_kernel.cuh): 1 first round
-// trip, 2 pages, 3 tile list, 4/5 tiles 0/1 landed, 6 tile loop done, 7 cluster wait, 8 rows sent,
-// 9 own rows arrived, 10 merged rows written (issued), 11 the same merge again (warm).
+// Thread 0 of every CTA of (request 0, KV head 0) and of (last request, KV head 0) prints, for launches
+// kTraceFirst.. of the process, its SM, its start on the global timer and each mark's clock64 offset
+// from its first mark. A mark first stores its `dep` value to shared memory (a volatile store), so it
+// is taken only after that value has arrived: marks after a load wait for the load. Marks
+// (token_kernel.cuh): 1 first round trip, 2 pages, 3 tile list, 4..11 tiles 0..7 landed (a CTA that
+// streams several blocks: their pace), 12 tile loop done, 13 rows sent (push) / staged (pull), 14 own
+// rows arrived (push), 15 merged rows written (issued), 16 the same push merge again (warm).
 #pragma once
 
 #ifdef MSA_TOKEN_TRACE
@@ -21,7 +22,7 @@ namespace msa::detail::cuda::paged {
 static __device__ unsigned g_token_trace_ctas = 0;  // traced CTAs that finished, all launches
 
 struct TokenTrace {
-  static constexpr int kMarks = 12;
+  static constexpr int kMarks = 17;
   static constexpr unsigned kTraceFirst = 30, kTraceLaunches = 3;
   long long t[kMarks];
   uint64_t start_ns;
@@ -37,17 +38,20 @@ struct TokenTrace {
     t[0] = clock64();
   }
   __device__ void end(int S) {
-    if (threadIdx.x != 0 || blockIdx.x != 0 || blockIdx.y != 0) return;
-    const unsigned n = atomicAdd(&g_token_trace_ctas, 1u) / static_cast<unsigned>(S);
+    const bool last = blockIdx.x == gridDim.x - 1 && gridDim.x > 1;
+    if (threadIdx.x != 0 || (blockIdx.x != 0 && !last) || blockIdx.y != 0) return;
+    const unsigned traced = gridDim.x > 1 ? 2u : 1u;  // CTAs of one launch that print
+    const unsigned n = atomicAdd(&g_token_trace_ctas, 1u) / (traced * static_cast<unsigned>(S));
     if (n < kTraceFirst || n >= kTraceFirst + kTraceLaunches) return;
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     long long d[kMarks];
     for (int i = 1; i < kMarks; ++i) d[i] = t[i] < 0 ? -1LL : t[i] - t[0];
-    static_assert(kMarks == 12, "one printf: the lines of different CTAs do not interleave");
-    printf("trace launch %u split %2u/%d sm %3u start_ns %llu | %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n",
-           n, blockIdx.z, S, sm, static_cast<unsigned long long>(start_ns), d[1], d[2], d[3], d[4], d[5], d[6], d[7],
-           d[8], d[9], d[10], d[11]);
+    static_assert(kMarks == 17, "one printf: the lines of different CTAs do not interleave");
+    printf("trace launch %u req %5u split %2u/%d sm %3u start_ns %llu | %lld %lld %lld | %lld %lld %lld %lld %lld %lld %lld %lld "
+           "| %lld | %lld %lld %lld %lld\n",
+           n, blockIdx.x, blockIdx.z, S, sm, static_cast<unsigned long long>(start_ns), d[1], d[2], d[3], d[4], d[5],
+           d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16]);
   }
 };
 
