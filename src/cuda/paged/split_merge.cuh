@@ -37,7 +37,7 @@ __device__ void merge_splits(const float* part_o, const float* part_lse, int S, 
   constexpr int kRowCopies = D / 4;    // 16-byte copies per row
   const int tid = threadIdx.x;
   float* w = reinterpret_cast<float*>(smem);  // [S][ROWS]: lse, then weights
-  float* row_sum = w + S * ROWS;              // [ROWS]
+  float* row_sum = w + S * ROWS;              // [ROWS]: 1 / the weights' sum
   float* row_lse = row_sum + ROWS;            // [ROWS]
   const uint32_t obuf_off = align_up(static_cast<uint32_t>(S * ROWS + 2 * ROWS) * 4u, 16);
   float* obuf = reinterpret_cast<float*>(smem + obuf_off);  // [S][rp][D]: one row chunk of every split
@@ -73,8 +73,8 @@ __device__ void merge_splits(const float* part_o, const float* part_lse, int S, 
       }
       w[s * ROWS + r] = wt;
     }
-    row_sum[r] = sum;
-    row_lse[r] = m == -INFINITY ? -INFINITY : m + logf(sum);
+    row_sum[r] = merge_inv(sum);
+    row_lse[r] = m == -INFINITY ? -INFINITY : m + merge_log(sum);
   }
   __syncthreads();
 
@@ -99,10 +99,10 @@ __device__ void merge_splits(const float* part_o, const float* part_lse, int S, 
         acc[0] += wt * a.x, acc[1] += wt * a.y, acc[2] += wt * a.z, acc[3] += wt * a.w;
         acc[4] += wt * z.x, acc[5] += wt * z.y, acc[6] += wt * z.z, acc[7] += wt * z.w;
       }
-      const float sum = row_sum[r];
+      const float inv = row_sum[r];  // 1 / sum
       if (row_lse[r] != -INFINITY) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] /= sum;
+        for (int e = 0; e < 8; ++e) acc[e] *= inv;
       }
       emit(r, c, acc, row_lse[r]);
     }
@@ -155,9 +155,10 @@ __device__ void merge_splits_in_cluster(uint32_t po, uint32_t plse, int S, int r
         acc[0] += wt * x.x, acc[1] += wt * x.y, acc[2] += wt * x.z, acc[3] += wt * x.w;
         acc[4] += wt * z.x, acc[5] += wt * z.y, acc[6] += wt * z.z, acc[7] += wt * z.w;
       }
+      const float inv = merge_inv(sum);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] /= sum;
-      lse = m + logf(sum);
+      for (int e = 0; e < 8; ++e) acc[e] *= inv;
+      lse = m + merge_log(sum);
     }
     emit(r, c, acc, lse);
   }

@@ -125,9 +125,10 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
 #pragma unroll
         for (int e = 0; e < W; ++e) acc[e] = fmaf(wt, x[e], acc[e]);
       }
+      const float inv = merge_inv(sum);
 #pragma unroll
-      for (int e = 0; e < W; ++e) acc[e] /= sum;
-      lse = m + logf(sum);
+      for (int e = 0; e < W; ++e) acc[e] *= inv;
+      lse = m + merge_log(sum);
     }
     emit(r, c * W, acc, lse);
   }
@@ -248,7 +249,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   if (!has_token) return;  // every CTA of this (request, head) cluster returns here
   const int G = p.group_size;
   // Rows of the group the CTA of cluster rank `split` owns in a merge: r = split + jS < G.
-  const auto owned_rows = [&] { return split < G ? (G - 1 - split) / S + 1 : 0; };
+  // x / S for 0 <= x <= 47 by the host's magic (see the split range below): the divisions of the merge
+  // tail were an integer-division sequence each on the path from the last MMA to the sends.
+  const auto div_s = [&](int x) { return static_cast<int>((static_cast<uint32_t>(x) * kp.split_magic) >> 16); };
+  const auto owned_rows = [&] { return split < G ? div_s(G - 1 - split) + 1 : 0; };
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) {
@@ -379,7 +383,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) {
-      const int rows_per_split = (kTokenRows + S - 1) / S;
+      const int rows_per_split = div_s(kTokenRows + S - 1);
       uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
       float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);
       float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);
@@ -387,8 +391,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       for (int j = 0; j < 2; ++j) {
         const int r = (lane >> 2) + 8 * j;
         if (r >= G) continue;
-        const unsigned owner = static_cast<unsigned>(r % S);
-        const int slot = split * rows_per_split + r / S;
+        const int q = div_s(r);
+        const unsigned owner = static_cast<unsigned>(r - q * S);
+        const int slot = split * rows_per_split + q;
         send_bar[j] = static_cast<uint64_t*>(__cluster_map_shared_rank(merge_bar, owner));
         send_o[j] = static_cast<float*>(__cluster_map_shared_rank(recv_o + slot * D, owner)) + warp * 32 + 2 * (lane & 3);
         send_lse[j] = static_cast<float*>(__cluster_map_shared_rank(recv_lse + slot, owner));
@@ -530,8 +535,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const bool seen = l_run[j] > 0.f;
-    inv[j] = seen ? __frcp_rn(l_run[j]) : 0.f;  // 1 / l correctly rounded, as 1.f / l (without its slow-path call)
-    lse[j] = seen ? (m_run[j] + log2f(l_run[j])) * kLn2 : -INFINITY;
+    // l >= 1 when seen (the running max's key adds exp2(0) = 1), so MUFU.RCP / MUFU.LG2 are within 2 ulp
+    // and the IEEE paths' range checks and slow-path calls are left out.
+    inv[j] = seen ? __fdividef(1.f, l_run[j]) : 0.f;
+    lse[j] = seen ? (m_run[j] + __log2f(l_run[j])) * kLn2 : -INFINITY;
   }
   T* og = static_cast<T*>(p.o) + q0 * p.o_stride_token + static_cast<int64_t>(g) * G * p.o_stride_head;
   float* lseg = p.lse ? p.lse + q0 * p.lse_stride_token + static_cast<int64_t>(g) * G * p.lse_stride_head : nullptr;
@@ -567,7 +574,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace ptx = ::cuda::ptx;
     uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
-    const int rows_per_split = (kTokenRows + S - 1) / S;
+    const int rows_per_split = div_s(kTokenRows + S - 1);
     float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
     float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);      // [S][rows_per_split][D]
     float* merge_w = reinterpret_cast<float*>(smem + kTokenSmemMergeW);    // [owned][17]
