@@ -177,11 +177,12 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     int fit = INT32_MAX;
     for (ScalarType t : kDtypes)
       fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t, with_push), kTokenThreads,
-                                            with_push ? kTokenSmemPushBytes : kTokenSmemBytes, static_cast<int>(n)));
+                                            with_push ? token_push_smem_bytes(static_cast<int>(n)) : kTokenSmemBytes,
+                                            static_cast<int>(n)));
     return fit;
   };
-  // The push merge's ~121 KB leave one CTA per SM, so fewer clusters fit than with the pull merge's
-  // ~104 KB (two per SM). Push saves ~2 us a call (D-B1 7.2 vs 9.2 us); a block more per CTA costs
+  // The push merge's shared memory (token_push_smem_bytes: 112.7 KB for a power-of-two split count,
+  // up to 120.7 KB otherwise) may fit fewer clusters than the pull merge's ~104 KB. Push saves ~2 us a call (D-B1 7.2 vs 9.2 us); a block more per CTA costs
   // about 1-1.5 us. So a plan takes push with the most splits whose clusters all fit when that adds
   // at most one block per CTA to pull's split count, else pull (H200, c50e0f4 / d07921b, M3-TP4:
   // D-B32 push at 2 splits 19.35 us, pull at 4 splits 17.41; D-B8 push at 8 splits 8.80 us, pull at
@@ -231,7 +232,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
   st.stages = kTokenStages;
   st.push_merge = push_fits && splits > 1;
-  st.smem_bytes = st.push_merge ? kTokenSmemPushBytes : kTokenSmemBytes;
+  st.smem_bytes = st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
   st.spec_qo_len = 1;
   st.pdl = true;
   st.cluster_merge = splits > 1;

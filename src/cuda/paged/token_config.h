@@ -27,20 +27,30 @@ constexpr uint32_t kTokenSmemRedSum = kTokenSmemRedMax + 4u * kTokenRows * 4u;
 constexpr uint32_t kTokenSmemTiles = kTokenSmemRedSum + 4u * kTokenRows * 4u;
 constexpr uint32_t kTokenSmemCount = kTokenSmemTiles + 2u * kTokenMaxTopk * 24u;
 constexpr uint32_t kTokenSmemBytes = kTokenSmemCount + 16u;
-// The push merge (the default, token_kernel.cuh) adds, past the above, its barrier and
-// the rows the other splits send: at most 32 (splits x rows per split: S * ceil(16 / S) <= 30).
+// The push merge (the default, token_kernel.cuh) adds, past the above, its barrier, the lse values the
+// other splits send, the merge weights of the owned rows (at most 8 rows when S >= 2: 16 split weights
+// and the max), and last the rows the other splits send: S * ceil(16 / S) of them (16 for S = 2, 4,
+// 8, 16; at most 30). Sized by S, a power-of-two split count takes 112.7 KB, so two CTAs share an SM
+// (2 x (112.7 + 1) KB <= 228 KB) and clusters fit as the pull merge's do (M3-TP4 D-B32: 32 clusters
+// of 4 fit with 112.7 KB, not with the 120.7 KB of 32 receive rows, which sent that plan to the
+// pull merge and its ~3 us tail, token_trace at 1d2f8c6).
 constexpr int kTokenRecvRows = 32;
 constexpr uint32_t kTokenSmemMergeBar = kTokenSmemBytes;
 constexpr uint32_t kTokenSmemRecvLse = kTokenSmemMergeBar + 16u;
-constexpr uint32_t kTokenSmemRecvO = kTokenSmemRecvLse + kTokenRecvRows * 4u;
-// Then the merge weights of the owned rows (at most 8 rows when S >= 2): 16 split weights and the max.
 constexpr int kTokenMergeWStride = 17;
-constexpr uint32_t kTokenSmemMergeW = kTokenSmemRecvO + kTokenRecvRows * kTokenHeadDim * 4u;
-constexpr uint32_t kTokenSmemPushBytes = kTokenSmemMergeW + 8u * kTokenMergeWStride * 4u;
+constexpr uint32_t kTokenSmemMergeW = kTokenSmemRecvLse + kTokenRecvRows * 4u;
+constexpr uint32_t kTokenSmemRecvO = (kTokenSmemMergeW + 8u * kTokenMergeWStride * 4u + 15u) / 16u * 16u;
+constexpr uint32_t token_push_smem_bytes(int splits) {
+  return kTokenSmemRecvO + static_cast<uint32_t>(splits * ((kTokenRows + splits - 1) / splits)) * kTokenHeadDim * 4u;
+}
+constexpr uint32_t kTokenSmemPushBytes = kTokenSmemRecvO + kTokenRecvRows * kTokenHeadDim * 4u;  // any S <= 16
 
 static_assert(kTokenRows * kTokenHeadDim * 4u + kTokenRows * 4u <= kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
               "the merge rows fit the stage memory");
 static_assert(kTokenSmemTiles % 8 == 0, "tile records hold int64 offsets");
 static_assert(kTokenSmemMergeBar % 8 == 0 && kTokenSmemRecvO % 16 == 0, "barrier and row alignment");
+static_assert(token_push_smem_bytes(16) == token_push_smem_bytes(4) && 2u * (token_push_smem_bytes(4) + 1024u) <= 228u * 1024u,
+              "a power-of-two split count leaves room for two CTAs per SM");
+static_assert(token_push_smem_bytes(15) <= kTokenSmemPushBytes, "30 receive rows at most");
 
 }  // namespace msa::detail::cuda::paged
