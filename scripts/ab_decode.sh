@@ -32,5 +32,6 @@ for rep in $(seq "$REPS"); do
     echo "$rep $side $(grep -E '^[DPI]-' "$W/$side-r$rep.log" | awk '{printf "%s:%s:%s:%s=%s ", $1, $2, $3, $4, $5}') $(grep ceilings "$W/$side-r$rep.log")"
   done
 done | tee "$R/ab.txt"
+cp "$R/ab.txt" "$W/ab.txt"
 tar -C "$W" -czf "$R/abr.tgz" .
 python3 scripts/ab_table.py "$W" "scripts/ab_decode.sh $A $REPS ${ARGS[*]}" --json "$R/ab.json" > "$R/ab.md"

@@ -6,7 +6,7 @@
 
 RUN_DIR holds <build>-r<rep>.log and <build>-r<rep>/<bench>-<date>-<commit>.json for each run (the build
 is "B" for the tree the script ran from, else the A checkout's folder name). Table rows are runs in
-the order they ran (rep, then build); columns are the bench rows (workload:shape:pattern:impl, with
+the order they ran (from ab.txt in RUN_DIR or beside it, else B last within a rep); columns are the bench rows (workload:shape:pattern:impl, with
 M3-TP1, random and the msa prefix left out) in microseconds (TFLOP/s beside them where the bench gives it), and the copy ceiling of that process.
 """
 import argparse
@@ -26,8 +26,14 @@ def runs(run_dir):
             if len(files) == 1:
                 with open(os.path.join(run_dir, name, files[0])) as f:
                     found.append((int(m.group(2)), m.group(1), json.load(f)))
-    order = {"B": 1}  # B last within a rep, as the script runs it
-    return sorted(found, key=lambda r: (r[0], order.get(r[1], 0), r[1]))
+    # The order the runs ran in: ab.txt beside the runs (its lines start "rep build"), else B last in a rep.
+    ran = {}
+    for txt in (os.path.join(run_dir, "ab.txt"), os.path.join(run_dir, "..", "ab.txt")):
+        if os.path.exists(txt):
+            with open(txt) as f:
+                ran = {tuple(line.split()[:2]): i for i, line in enumerate(f) if len(line.split()) >= 2}
+            break
+    return sorted(found, key=lambda r: (r[0], ran.get((str(r[0]), r[1]), 0 if r[1] != "B" else 1), r[1]))
 
 
 def key(row):
