@@ -610,6 +610,13 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       if (lseg && col == 0) lseg[r * p.lse_stride_head] = row_lse;
     };
     const int owned = owned_rows();
+#ifdef MSA_TOKEN_TRACE
+    // The same code twice (one copy, not unrolled): mark 15 after the first pass, 16 after the second,
+    // whose instructions are in the instruction cache - how much of the merge is code fetch. (A second
+    // inlined copy, as traced up to 0a2574e, was as cold as the first.)
+#pragma unroll 1
+    for (int rep = 0; rep < 2; ++rep) {
+#endif
     if (owned <= 1)
       push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     else if (owned == 2)
@@ -618,11 +625,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       push_merge_receive<D, 4>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     else
       push_merge_receive<D, 8>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
-    MSA_TRACE_MARK(15, 0);
 #ifdef MSA_TOKEN_TRACE
-    // The same merge again, warm (instruction cache, shared memory): how much of mark 8 -> 9 is code fetch.
-    if (owned <= 1) push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
-    MSA_TRACE_MARK(16, 0);
+      MSA_TRACE_MARK(15 + rep, 0);
+    }
 #endif
     MSA_TRACE_END(S);
 #endif

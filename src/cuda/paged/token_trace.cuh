@@ -10,7 +10,7 @@
 // is taken only after that value has arrived: marks after a load wait for the load. Marks
 // (token_kernel.cuh): 1 first round trip, 2 pages, 3 tile list, 4..11 tiles 0..7 landed (a CTA that
 // streams several blocks: their pace), 12 tile loop done, 13 rows sent (push) / staged (pull), 14 own
-// rows arrived (push), 15 merged rows written (issued), 16 the same push merge again (warm).
+// rows arrived (push), 15 merged rows written (issued), 16 the same push merge code run again (warm).
 #pragma once
 
 #ifdef MSA_TOKEN_TRACE
