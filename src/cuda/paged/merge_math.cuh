@@ -35,9 +35,10 @@ __device__ __forceinline__ float lse_weight_eager(float lse, float m) {
 
 // 1 / sum and ln(sum) of a merge's weight sum, which lies in [1, S] (the max part weighs exactly 1)
 // or is NaN: there MUFU.RCP and MUFU.LG2 are within 2 ulp (no denormal, no overflow), and they leave
-// out the IEEE division's and logf's range checks and slow-path calls (~330 instructions between the
-// last MMA and the sends at D-B1 before this). Every split merge of the paged family (workspace,
-// cluster pull, cluster push) takes these, so the three stay bitwise equal.
+// out the IEEE division's and logf's range checks and slow-path calls (with the tail's divisions by S
+// through the host's magic: 208 -> 102 instructions from the last MMA to the sends at D-B1, D-B1
+// 6.66-6.75 -> 6.32 us, bench/results/decode-20261130-d0c4268-ab.md). Every split merge of the paged
+// family (workspace, cluster pull, cluster push) takes these, so the three stay bitwise equal.
 __device__ __forceinline__ float merge_inv(float sum) { return __fdividef(1.f, sum); }
 __device__ __forceinline__ float merge_log(float sum) { return __logf(sum); }
 

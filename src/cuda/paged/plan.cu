@@ -182,11 +182,12 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     return fit;
   };
   // The push merge's shared memory (token_push_smem_bytes: 112.7 KB for a power-of-two split count,
-  // up to 120.7 KB otherwise) may fit fewer clusters than the pull merge's ~104 KB. Push saves ~2 us a call (D-B1 7.2 vs 9.2 us); a block more per CTA costs
-  // about 1-1.5 us. So a plan takes push with the most splits whose clusters all fit when that adds
-  // at most one block per CTA to pull's split count, else pull (H200, c50e0f4 / d07921b, M3-TP4:
-  // D-B32 push at 2 splits 19.35 us, pull at 4 splits 17.41; D-B8 push at 8 splits 8.80 us, pull at
-  // 16 splits 11.58).
+  // up to 120.7 KB otherwise) may fit fewer clusters than the pull merge's ~104 KB. Push saves ~2 us
+  // a call (D-B1 7.2 vs 9.2 us); a block more per CTA costs about 1-1.5 us. So a plan takes push with
+  // the most splits whose clusters all fit when that adds at most one block per CTA to pull's split
+  // count, else pull (H200, c50e0f4 / d07921b, M3-TP4, push at 120.7 KB: D-B32 push at 2 splits 19.35
+  // us, pull at 4 splits 17.41; D-B8 push at 8 splits 8.80 us, pull at 16 splits 11.58; with the
+  // receive rows sized by S, D-B32 takes push at 4 splits: 14.8-15.1 us, decode-20261130-d0c4268-ab.md).
   bool push_fits = push;
   // Splits: fixed-size ranges when asked (batch-invariant; the kernel serves such a plan only when
   // top-k / F ranges always fit one cluster, so the choice does not depend on the batch or the

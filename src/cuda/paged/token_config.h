@@ -49,7 +49,8 @@ static_assert(kTokenRows * kTokenHeadDim * 4u + kTokenRows * 4u <= kTokenStages 
               "the merge rows fit the stage memory");
 static_assert(kTokenSmemTiles % 8 == 0, "tile records hold int64 offsets");
 static_assert(kTokenSmemMergeBar % 8 == 0 && kTokenSmemRecvO % 16 == 0, "barrier and row alignment");
-static_assert(token_push_smem_bytes(16) == token_push_smem_bytes(4) && 2u * (token_push_smem_bytes(4) + 1024u) <= 228u * 1024u,
+static_assert(token_push_smem_bytes(16) == token_push_smem_bytes(4) &&
+                  2u * (token_push_smem_bytes(4) + 1024u) <= 228u * 1024u,
               "a power-of-two split count leaves room for two CTAs per SM");
 static_assert(token_push_smem_bytes(15) <= kTokenSmemPushBytes, "30 receive rows at most");
 
