@@ -249,8 +249,11 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   if (!has_token) return;  // every CTA of this (request, head) cluster returns here
   const int G = p.group_size;
   // Rows of the group the CTA of cluster rank `split` owns in a merge: r = split + jS < G.
-  // x / S for 0 <= x <= 47 by the host's magic (see the split range below): the divisions of the merge
-  // tail were an integer-division sequence each on the path from the last MMA to the sends.
+  // x / S for 0 <= x <= 47 and S <= 16 without a division: (x * ceil(2^16 / S)) >> 16 == x / S (the
+  // product's excess, x * (ceil(2^16/S) - 2^16/S) / 2^16 < 1/S, never carries past the next multiple of
+  // 1/S); kp.split_magic = ceil(2^16 / S) comes from the host (computed here, ptxas sank its division to
+  // the use). Used on warp 0's path (the split range) and in the merge tail, where each division was an
+  // integer-division sequence on the path from the last MMA to the sends.
   const auto div_s = [&](int x) { return static_cast<int>((static_cast<uint32_t>(x) * kp.split_magic) >> 16); };
   const auto owned_rows = [&] { return split < G ? div_s(G - 1 - split) + 1 : 0; };
   if constexpr (kPushMerge) {
@@ -298,11 +301,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       lb = static_cast<int>(min(static_cast<int64_t>(n_list), split * F));
       le = split == S - 1 ? n_list : static_cast<int>(min(static_cast<int64_t>(n_list), lb + F));
     } else {
-      // ceil(n_list / S) without a division on warp 0's path: (x * ceil(2^16 / S)) >> 16 == x / S for
-      // x = n_list + S - 1 <= 47 and S <= 16 (the product's excess, x * (ceil(2^16/S) - 2^16/S) / 2^16 < 1/S,
-      // never carries past the next multiple of 1/S); kp.split_magic = ceil(2^16 / S) comes from the host
-      // (computed in the kernel, ptxas sank its division to here).
-      const int chunk = static_cast<int>((static_cast<uint32_t>(n_list + S - 1) * kp.split_magic) >> 16);
+      const int chunk = div_s(n_list + S - 1);  // ceil(n_list / S); n_list + S - 1 <= 47
       lb = min(n_list, split * chunk);
       le = min(n_list, lb + chunk);
     }
