@@ -19,11 +19,20 @@ inline constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);        // produ
 // producer wrote beside it) after its own last read of it (docs/prefill.md, "Barrier protocol").
 inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 
-// K and V stages in flight. One stage holds a 128-key block of K and of V (32 KiB each, bf16);
-// with the 32 KiB Q tile, 3 stages take 224 KiB of the 227 KiB a CTA may have. At ~600 TFLOP/s
-// over 132 SMs one block (128 rows x 128 keys x 128 x 4 FLOP = 8.4 MFLOP) takes ~1.9 us, so 3
-// stages give the producer ~4 us to land a block fetched from a random page.
-inline constexpr int kStages = 3;
+// Query-major rings: Q tiles, K blocks and V blocks (32 KiB each, bf16). Two Q buffers let the next
+// tile's Q land while the current tile runs, so the next tile's first QK^T can go out with the current
+// tile's last PV (the tile boundary of a 16-block `shared` tile left the tensor cores idle ~1-1.5
+// block-steps of 17, docs/prefill.md); 2 x Q + 3 x K + 2 x V = 224 KiB of the 227 KiB a CTA may have.
+// At ~600 TFLOP/s over 132 SMs one block (128 rows x 128 keys x 128 x 4 FLOP = 8.4 MFLOP) takes
+// ~1.9 us: 3 K stages give the producer ~4 us to land a K block fetched from a random page, and a V
+// block is read one step after its K, so 2 V stages give it as long.
+inline constexpr int kQStages = 2;
+inline constexpr int kStages = 3;   // K stages
+inline constexpr int kVStages = 2;
+// The scheduler warp claims the next tile when warp 0 issues the current tile's block
+// nblocks - kTileLookaheadBlocks: its ~5 dependent trips (~3-4 us) then run while the consumers work
+// through ~kTileLookaheadBlocks + kStages block-steps (~1.9 us each at M3) of the current tile.
+inline constexpr int kTileLookaheadBlocks = 3;
 
 // The half of a row that one 128B-swizzled TMA box and one wgmma K-major atom cover: 64 bf16.
 inline constexpr int kHalfDim = 64;
