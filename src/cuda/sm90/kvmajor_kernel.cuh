@@ -4,8 +4,8 @@
 // head) writes a partial (o, lse) that kv_merge_kernel combines. Used for tiles whose tokens share
 // few blocks (`random`), where query-major would load ~100 blocks to use 16 per token.
 //
-// Warp-specialized like the query-major kernel: a producer warp fetches work items, loads K/V into a
-// kKvBlockStages ring and Q tiles into a kKvQStages ring; two consumer warpgroups take 64 rows each
+// Warp-specialized like the query-major kernel: a scheduler warp fetches work items and loads their K/V
+// into a kKvBlockStages ring, a producer warp gathers their Q tiles into a kKvQStages ring; two consumer warpgroups take 64 rows each
 // and pipeline the Q tiles (see kv_consumer). One block per Q tile, so the softmax is exact.
 #pragma once
 
@@ -48,27 +48,29 @@ struct alignas(1024) KvMajorSmem {
   uint64_t kv_full[kKvBlockStages], kv_empty[kKvBlockStages];
   KvItemInfo item[kKvBlockStages];
   KvQInfo qinfo[kKvQStages];
+  uint64_t ahead_full, ahead_go;  // scheduler <-> warp 0 hand-over of the next item (32 arrivals each)
+  int2 ahead[32];                 // the handed-over item's first Q tile: (token, entry) per lane
 };
 inline constexpr int kKvMajorSmemBytes = static_cast<int>(sizeof(KvMajorSmem)) + 1024;
 static_assert(kKvMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared memory per CTA");
 
 #ifdef MSA_SM90A_DEVICE
 
-__device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem& s) {
+// Item claims (warp 1 of the producer warpgroup, "the scheduler", as in the query-major kernel): the
+// next item's claim, record, K/V and its first Q tile's (token, entry) pairs, while warp 0 still
+// gathers the current item's Q tiles. Warp 0 did this itself after an item's last Q tile: 4-5
+// dependent trips (the claim, the item, its lengths and page, then the pairs) before the next
+// item's first job could start. The scheduler starts when warp 0 issues the current item's Q tile
+// ntiles - kTileLookaheadBlocks (an item has at most kKvItemTokens / (128 / G) = 8 tiles at M3).
+__device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem& s) {
   const int lane = threadIdx.x & 31;
-  if (lane == 0) {
-    tma_prefetch_descriptor(&p.q_map);
-    tma_prefetch_descriptor(&p.k_map);
-    tma_prefetch_descriptor(&p.v_map);
-  }
   const KvLists& L = p.lists;
-  const int32_t group = 1 << p.group_shift;
   const int32_t tile_tokens = kTileRows >> p.group_shift;
   const int32_t n_items = min(L.item_count[p.window], L.item_capacity);
   const KvWorkItem* items = L.items + static_cast<int64_t>(p.window) * L.item_capacity;
   const int2* pairs = L.pairs + static_cast<int64_t>(p.window) * L.window_tiles * L.list_capacity;
-  uint32_t item_it = 0, q_it = 0;
-  while (true) {
+  for (uint32_t item_it = 0;; ++item_it) {
+    if (item_it > 0) barrier_wait(&s.ahead_go, (item_it - 1) & 1);  // warp 0 read the previous hand-over
     // Items without tokens are skipped here, so that every item the consumers see has a Q tile
     // (kv_scan never makes one; the consumers' pipeline relies on it).
     int32_t idx = 0;
@@ -81,14 +83,15 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
     KvItemInfo info{};
     info.item = -1;
     int32_t page = -1;
+    int2 pr = make_int2(0, 0);
     if (idx < n_items) {
       const SeqView v = load_seq(p.seqs, w.request);
       page = physical_page(p.pages, w.request, w.block / p.page_blocks);
+      if (lane < min(tile_tokens, w.count)) pr = pairs[w.start + lane];
       info = KvItemInfo{idx, w.request, w.kv_head, w.block, w.start, w.count, page >= 0,
                         v.qo_start, v.qo_len, v.kv_len, v.offset};
     }
     const uint32_t kb = item_it % kKvBlockStages, kph = (item_it / kKvBlockStages) & 1;
-    ++item_it;
     if (lane == 0) {
       barrier_wait(&s.kv_empty[kb], kph ^ 1);
       s.item[kb] = info;
@@ -104,14 +107,40 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
         barrier_arrive(&s.kv_full[kb]);
       }
     }
+    s.ahead[lane] = pr;
+    barrier_arrive(&s.ahead_full);  // each lane after its own writes (32 arrivals)
     if (info.item < 0) break;
+  }
+}
 
-    const int32_t ntiles = (info.count + tile_tokens - 1) / tile_tokens;
+// Q gathers (warp 0 of the producer warpgroup): each item's Q tiles into the kKvQStages ring, one TMA
+// box of G heads per token; the first tile's pairs come from the scheduler.
+__device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem& s) {
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) tma_prefetch_qkv_maps(p);
+  const KvLists& L = p.lists;
+  const int32_t group = 1 << p.group_shift;
+  const int32_t tile_tokens = kTileRows >> p.group_shift;
+  const int2* pairs = L.pairs + static_cast<int64_t>(p.window) * L.window_tiles * L.list_capacity;
+  uint32_t q_it = 0;
+  for (uint32_t item_it = 0;; ++item_it) {
+    barrier_wait(&s.ahead_full, item_it & 1);
+    const KvItemInfo& rec = s.item[item_it % kKvBlockStages];
+    const int32_t item = rec.item, start = rec.start, count = rec.count, kv_head = rec.kv_head;
+    const int2 first = s.ahead[lane];
+    if (item < 0) break;
+    const int32_t ntiles = (count + tile_tokens - 1) / tile_tokens;
+    // Each lane's arrival on ahead_go (after its own reads above) lets the scheduler claim the next item.
+    const int32_t trigger = max(ntiles - kTileLookaheadBlocks, 0);
     for (int32_t q = 0; q < ntiles; ++q, ++q_it) {
       const uint32_t qs = q_it % kKvQStages, qph = (q_it / kKvQStages) & 1;
-      const int32_t n = min(tile_tokens, info.count - q * tile_tokens);
-      int2 pr = make_int2(0, 0);
-      if (lane < n) pr = pairs[info.start + q * tile_tokens + lane];
+      const int32_t n = min(tile_tokens, count - q * tile_tokens);
+      int2 pr = first;
+      if (q > 0) {
+        pr = make_int2(0, 0);
+        if (lane < n) pr = pairs[start + q * tile_tokens + lane];
+      }
+      if (q == trigger) barrier_arrive(&s.ahead_go);
       if (lane == 0) barrier_wait(&s.q_empty[qs], qph ^ 1);
       for (int32_t j = 0; j < n; ++j) {  // lane 0 writes everything it then releases
         const int32_t token = __shfl_sync(~0u, pr.x, j), entry = __shfl_sync(~0u, pr.y, j);
@@ -127,8 +156,8 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
       __syncwarp();
       if (lane < n) {  // each lane gathers one token's G heads (its two 64-dim halves)
         uint8_t* dst = s.q[qs] + lane * group * 128;
-        tma_load_3d(dst, &p.q_map, 0, info.kv_head * group, pr.x, &s.q_full[qs]);
-        tma_load_3d(dst + kHalfTileBytes, &p.q_map, kHalfDim, info.kv_head * group, pr.x, &s.q_full[qs]);
+        tma_load_3d(dst, &p.q_map, 0, kv_head * group, pr.x, &s.q_full[qs]);
+        tma_load_3d(dst + kHalfTileBytes, &p.q_map, kHalfDim, kv_head * group, pr.x, &s.q_full[qs]);
       }
     }
   }
@@ -338,6 +367,8 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __gr
       barrier_init(&s.kv_full[i], 1);
       barrier_init(&s.kv_empty[i], kConsumerThreads);
     }
+    barrier_init(&s.ahead_full, 32);
+    barrier_init(&s.ahead_go, 32);
     barrier_init_fence();
   }
   __syncthreads();
@@ -345,6 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __gr
   if (wg == 0) {
     regs_decrease<kProducerRegs>();
     if (threadIdx.x < 32) kv_producer(p, s);
+    else if (threadIdx.x < 64) kv_scheduler(p, s);
   } else {
     regs_increase<kConsumerRegs>();
     kv_consumer<kBf16>(p, s, wg - 1);

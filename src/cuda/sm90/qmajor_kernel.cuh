@@ -146,11 +146,7 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
 template <bool kSparse>
 __device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSmem& s) {
   const int lane = threadIdx.x & 31;
-  if (lane == 0) {
-    tma_prefetch_descriptor(&p.q_map);
-    tma_prefetch_descriptor(&p.k_map);
-    tma_prefetch_descriptor(&p.v_map);
-  }
+  if (lane == 0) tma_prefetch_qkv_maps(p);
   uint32_t it = 0;  // blocks issued so far
   for (uint32_t q_it = 0;; ++q_it) {
     barrier_wait(&s.ahead_full, q_it & 1);

@@ -56,6 +56,13 @@ __device__ __forceinline__ void bulk_wait_all() { ptx::cp_async_bulk_wait_group(
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// The Q, K and V descriptors of a kernel's params (both prefill kernels load through these three).
+template <class Params>
+__device__ __forceinline__ void tma_prefetch_qkv_maps(const Params& p) {
+  tma_prefetch_descriptor(&p.q_map);
+  tma_prefetch_descriptor(&p.k_map);
+  tma_prefetch_descriptor(&p.v_map);
+}
 
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
 // (wgmma operand reads, TMA writes into the same buffer).
