@@ -6,7 +6,8 @@
 #                           [ncu=KERNEL_REGEX@NAME[:ARGS]] ...
 # demo/bench/ncu ARGS are comma-separated (commas become spaces). ncu profiles the 21st matching launch of
 # bench/NAME.py with the full section set and source counters into ncu_NAME.ncu-rep, and exports its
-# details and per-line source page (SASS with CUDA lines) as text beside it, e.g.
+# details and per-line source page (SASS with CUDA lines) as text beside it (a second ncu stage's files end
+# in _2, a third's in _3), e.g.
 #   ncu=paged_attention@decode:--only,D-B1,--iters,3
 # e.g. MSA_COMMIT=<sha as git shows it here> scripts/device_check.sh build test bench=decode:--quick
 # (set MSA_COMMIT from this machine: the copy of the tree on the device carries a stale .git, if any)
@@ -58,12 +59,13 @@ for stage in "$@"; do
       spec=${stage#ncu=}; regex=${spec%%@*}; spec=${spec#*@}; name=${spec%%:*}; bargs=""
       [ "$spec" != "$name" ] && bargs=${spec#*:}
       step "ncu $regex on bench $name $bargs"
-      rep="$OUT/ncu_$name"
+      n_ncu=$((${n_ncu:-0} + 1)); tag=$name; [ "$n_ncu" -gt 1 ] && tag=${name}_$n_ncu  # several ncu stages: _2, _3, ...
+      rep="$OUT/ncu_$tag"
       ncu -k "regex:$regex" --launch-skip 20 --launch-count 1 --set full --import-source yes -f -o "$rep" \
-        python3 "bench/$name.py" ${bargs//,/ } > "$OUT/ncu_${name}_run.log" 2>&1 || rc=1
-      ncu -i "$rep.ncu-rep" --page details --print-details all > "$OUT/ncu_${name}_details.txt" 2>&1
-      ncu -i "$rep.ncu-rep" --page source --print-source cuda,sass --csv > "$OUT/ncu_${name}_source.csv" 2>&1
-      grep -E "Duration|Registers Per|Achieved Occ" "$OUT/ncu_${name}_details.txt" | head -5 ;;
+        python3 "bench/$name.py" ${bargs//,/ } > "$OUT/ncu_${tag}_run.log" 2>&1 || rc=1
+      ncu -i "$rep.ncu-rep" --page details --print-details all > "$OUT/ncu_${tag}_details.txt" 2>&1
+      ncu -i "$rep.ncu-rep" --page source --print-source cuda,sass --csv > "$OUT/ncu_${tag}_source.csv" 2>&1
+      grep -E "Duration|Registers Per|Achieved Occ" "$OUT/ncu_${tag}_details.txt" | head -5 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
