@@ -21,8 +21,9 @@ inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 
 // Query-major rings: Q tiles, K blocks and V blocks (32 KiB each, bf16). Two Q buffers let the next
 // tile's Q land while the current tile runs, so the next tile's first QK^T can go out with the current
-// tile's last PV (the tile boundary of a 16-block `shared` tile left the tensor cores idle ~1-1.5
-// block-steps of 17, docs/prefill.md); 2 x Q + 3 x K + 2 x V = 224 KiB of the 227 KiB a CTA may have.
+// tile's last PV; 2 x Q + 3 x K + 2 x V = 224 KiB of the 227 KiB a CTA may have. Measured (H200, M3-TP1,
+// prefill-20261130-61f06c9-cross-tile-ab.md): dense +4% (P-32K 545 -> 566-576 TFLOP/s); `shared`
+// unchanged until the scheduler warp below removed the wait for the next tile's first K.
 // At ~600 TFLOP/s over 132 SMs one block (128 rows x 128 keys x 128 x 4 FLOP = 8.4 MFLOP) takes
 // ~1.9 us: 3 K stages give the producer ~4 us to land a K block fetched from a random page, and a V
 // block is read one step after its K, so 2 V stages give it as long.
@@ -32,6 +33,9 @@ inline constexpr int kVStages = 2;
 // The scheduler warp claims the next tile when warp 0 issues the current tile's block
 // nblocks - kTileLookaheadBlocks: its ~5 dependent trips (~3-4 us) then run while the consumers work
 // through ~kTileLookaheadBlocks + kStages block-steps (~1.9 us each at M3) of the current tile.
+// Measured on the H200 (M3-TP1, bench/results/prefill-20261130-*-lookahead-ab.md): the scheduler warp
+// lifted `shared` 511-517 -> 522-543 TFLOP/s at P-chunk and `clustered` by ~5%; leads of 2, 3 and 6
+// blocks were within the spread of each other. The KV-major kernel uses the same lead in Q tiles.
 inline constexpr int kTileLookaheadBlocks = 3;
 
 // The half of a row that one 128B-swizzled TMA box and one wgmma K-major atom cover: 64 bf16.
