@@ -376,9 +376,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // The push merge's destinations of this thread's two rows (owner CTA, slot, mapped addresses), found
   // now while the tiles fly: at the sends they were ~330 instructions with the normalize (integer
   // divisions by S, mapa), ~585 cycles of the D-B1 tail (token_trace at d07921b).
-  float* send_o[2] = {nullptr, nullptr};
-  float* send_lse[2] = {nullptr, nullptr};
-  uint64_t* send_bar[2] = {nullptr, nullptr};
+  // (Unused where the push merge is compiled out: the pull instantiation, sm_80, the host pass.)
+  [[maybe_unused]] float* send_o[2] = {nullptr, nullptr};
+  [[maybe_unused]] float* send_lse[2] = {nullptr, nullptr};
+  [[maybe_unused]] uint64_t* send_bar[2] = {nullptr, nullptr};
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) {
