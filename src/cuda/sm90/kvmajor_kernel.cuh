@@ -4,9 +4,10 @@
 // head) writes a partial (o, lse) that kv_merge_kernel combines. Used for tiles whose tokens share
 // few blocks (`random`), where query-major would load ~100 blocks to use 16 per token.
 //
-// Warp-specialized like the query-major kernel: a scheduler warp fetches work items and loads their K/V
-// into a kKvBlockStages ring, a producer warp gathers their Q tiles into a kKvQStages ring; two consumer warpgroups take 64 rows each
-// and pipeline the Q tiles (see kv_consumer). One block per Q tile, so the softmax is exact.
+// Warp-specialized like the query-major kernel: a scheduler warp fetches work items and loads their
+// K/V into a kKvBlockStages ring, a producer warp gathers their Q tiles into a kKvQStages ring; two
+// consumer warpgroups take 64 rows each and pipeline the Q tiles (see kv_consumer). One block per Q
+// tile, so the softmax is exact.
 #pragma once
 
 #include <cuda_bf16.h>
