@@ -378,8 +378,8 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       scores_to_operand<kBf16>(sc, pf);
       prev = cur;
     }
-    // The tile's last PV is pending (pf, prev). The next tile's record: with two Q buffers its Q has
-    // been loading since the producer finished this tile's blocks.
+    // The tile's last PV is pending (pf, prev). The next tile's record: the scheduler claimed it and
+    // loaded its Q into the other buffer while this tile's last kTileLookaheadBlocks blocks were issued.
     const uint32_t lvs = (it + ti.nblocks - 1) % kVStages, lvph = ((it + ti.nblocks - 1) / kVStages) & 1;
     it += ti.nblocks;
     ++q_it;
@@ -397,8 +397,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f}, alpha2[2];
       softmax_under_pv(nrw, cur, st, lvs, m2, l2, alpha2);
       epilogue(ti, rw);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = 0.f;
+      reset();  // the next tile's O starts at 0, its softmax state is the one just taken
       m[0] = m2[0], m[1] = m2[1];
       l[0] = l2[0], l[1] = l2[1];
       scores_to_operand<kBf16>(sc, pf);
