@@ -126,7 +126,8 @@ def write_results(bench: str, ceil: dict, rows: list, out_dir: str | None = None
     date = datetime.date.today().strftime("%Y%m%d")
     name = f"{bench}-{date}-{commit()}"
     doc = {"bench": bench, "commit": commit(), "device": torch.cuda.get_device_name(),
-           "date": datetime.datetime.now().isoformat(timespec="seconds"), "ceilings": ceil, "rows": rows}
+           "date": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:], "ceilings": ceil,
+           "rows": rows}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
     cols = ["workload", "shape", "pattern", "impl", "us", "tflops", "gbps", "ratio", "max_err"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

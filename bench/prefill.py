@@ -12,7 +12,12 @@ blocks per query block and KV head, the same for all its tokens).
 
 msa rows are timed as CUDA-graph replay (run() only launches: ~10 launches and their host work, ~140 us a
 call when eager, are what a serving engine replays from a graph); eager_us beside them includes that host
-work. Peers are timed eagerly (one launch each).
+work. Peers are timed eagerly (one launch each). Each timed configuration starts after --cooldown seconds
+of idle GPU (default 2): the board's power limiter averages the draw over about a second, so a row timed
+right after a long dense one ran at lower clocks (H200, nvidia-smi at 100 ms: P-32K dense draws ~650 W under
+the software power cap, clocks 1425-1680 MHz; the P-chunk rows right after it ran at 1755-1965 MHz with
+the cap still active, P-chunk `random` 241-242 TFLOP/s against 253-254 first in a process, every kernel
+slower: bench/results/prefill-20261130-f3b0acf-order.md).
 
 Rows: msa (default decomposition, chosen per tile on the device), msa-qmajor / msa-kvmajor (forced through
 MSA_SM90_PREFILL; not with --quick), msa-dense (dense causal paged), cudnn-sdpa (torch SDPA, cuDNN backend,
@@ -44,6 +49,7 @@ import faulthandler
 import inspect
 import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -329,6 +335,12 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
         print(f"{wl:8s} {shape:7s} {pattern:9s} {impl:18s} {us:10.1f} us {tf:7.1f} TFLOP/s{err}{eager}{kern}",
               flush=True)
 
+    def settle():
+        """Idle the GPU for --cooldown seconds, so that a row does not inherit the power cap of the last."""
+        torch.cuda.synchronize()
+        if opts.cooldown > 0 and not opts.once:
+            time.sleep(opts.cooldown)
+
     def time_msa(call):
         """(median us, extra row fields) of one msa configuration: CUDA-graph replay (run() only launches,
         so a serving engine replays it from a graph), with the eager time (host work of every launch
@@ -337,6 +349,7 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
             call()
             torch.cuda.synchronize()
             return None, {}
+        settle()
         with watchdog(300):
             eager = time_eager(call, iters=iters)
             extra = {"eager_us": round(eager, 1)}
@@ -356,6 +369,7 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
     if opts.peers and not opts.once and "dense" in opts.patterns:
         try:
             sdpa_call, ref, sdpa_name = sdpa_runner(c)
+            settle()
             sus = time_eager(sdpa_call, iters=iters)
             emit("dense", sdpa_name, sus, pairs)
         except Exception as e:  # noqa: BLE001
@@ -394,6 +408,7 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
         if pattern == "shared" and opts.peers and not opts.once and flex_wanted:
             try:
                 fcall, fo = flex_runner(c, sel)
+                settle()
                 fus = time_eager(fcall, iters=iters)
                 ferr = None if out is None else float((fo[0].transpose(0, 1) - out).abs().max().item())  # against msa
                 emit(pattern, "flex", fus, pairs, max_err=ferr)
@@ -419,6 +434,8 @@ def main():
     ap.add_argument("--profile", action="store_true", help="per-kernel device time of each msa row")
     ap.add_argument("--once", action="store_true", help="one call per msa row, no timing (for ncu)")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
+    ap.add_argument("--cooldown", type=float, default=2.0,
+                    help="seconds of idle GPU before each timed configuration (0: none; see the docstring)")
     args = ap.parse_args()
     main_guard()
     torch.backends.cuda.matmul.allow_tf32 = False
