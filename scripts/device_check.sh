@@ -4,7 +4,8 @@
 # (the device tool returns at most 8 files), with the console summary in $OUT/summary.txt. Usage:
 #   scripts/device_check.sh [build] [test[=PYTEST_ARGS]] [demo[=ARGS]] [sanitize=SCRIPT] [bench=NAME[:ARGS]]
 #                           [ncu=KERNEL_REGEX@NAME[:ARGS]] ...
-# demo/bench/ncu ARGS are comma-separated (commas become spaces). ncu profiles the 21st matching launch of
+# demo/bench/ncu ARGS are comma-separated (commas become spaces; a doubled comma is a literal one, e.g.
+# bench=prefill:--patterns,dense,,random passes `--patterns dense,random`). ncu profiles the 21st matching launch of
 # bench/NAME.py with the full section set and source counters into ncu_NAME.ncu-rep, and exports its
 # details and per-line source page (SASS with CUDA lines) as text beside it (a second ncu stage's files end
 # in _2, a third's in _3), e.g.
@@ -23,6 +24,8 @@ exec > >(tee "$FINAL/summary.txt") 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/build/python OUT
 ARCH=${MSA_CUDA_ARCH:-90a-real}
 rc=0
+# Comma-separated stage arguments -> words; ",," stands for a literal comma inside one word.
+words() { local a=${1//,,/$'\x1f'}; a=${a//,/ }; printf '%s\n' "${a//$'\x1f'/,}"; }
 step() { echo "== $* ($(date +%T))"; }
 for stage in "$@"; do
   case "$stage" in
@@ -41,7 +44,7 @@ for stage in "$@"; do
     demo|demo=*)
       dargs=${stage#demo}; dargs=${dargs#=}; tag=${dargs//[^a-z0-9]/_}
       step "demo $dargs"
-      ./build/msa demo ${dargs//,/ } 2>&1 | tee "$OUT/demo$tag.log" | tail -15; [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+      ./build/msa demo $(words "$dargs") 2>&1 | tee "$OUT/demo$tag.log" | tail -15; [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
     sanitize=*)
       script=${stage#sanitize=}
       for tool in memcheck racecheck synccheck; do
@@ -53,7 +56,7 @@ for stage in "$@"; do
     bench=*)
       spec=${stage#bench=}; name=${spec%%:*}; bargs=""; [ "$spec" != "$name" ] && bargs=${spec#*:}
       step "bench $name $bargs"
-      python3 "bench/$name.py" ${bargs//,/ } 2>&1 | tee "$OUT/bench_$name.log" | tail -40
+      python3 "bench/$name.py" $(words "$bargs") 2>&1 | tee "$OUT/bench_$name.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
     ncu=*)
       spec=${stage#ncu=}; regex=${spec%%@*}; spec=${spec#*@}; name=${spec%%:*}; bargs=""
@@ -62,7 +65,7 @@ for stage in "$@"; do
       n_ncu=$((${n_ncu:-0} + 1)); tag=$name; [ "$n_ncu" -gt 1 ] && tag=${name}_$n_ncu  # several ncu stages: _2, _3, ...
       rep="$OUT/ncu_$tag"
       ncu -k "regex:$regex" --launch-skip 20 --launch-count 1 --set full --import-source yes -f -o "$rep" \
-        python3 "bench/$name.py" ${bargs//,/ } > "$OUT/ncu_${tag}_run.log" 2>&1 || rc=1
+        python3 "bench/$name.py" $(words "$bargs") > "$OUT/ncu_${tag}_run.log" 2>&1 || rc=1
       ncu -i "$rep.ncu-rep" --page details --print-details all > "$OUT/ncu_${tag}_details.txt" 2>&1
       ncu -i "$rep.ncu-rep" --page source --print-source cuda,sass --csv > "$OUT/ncu_${tag}_source.csv" 2>&1
       grep -E "Duration|Registers Per|Achieved Occ" "$OUT/ncu_${tag}_details.txt" | head -5 ;;
