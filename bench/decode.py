@@ -1,7 +1,7 @@
 """Decode attention benchmark: the D-* workloads of spec/benchmarks.md on msa's CUDA decode kernels.
 
     PYTHONPATH=build/python python3 bench/decode.py [--quick] [--shape M3-TP1] [--sweep-splits] [--only D-B1,D-B32]
-        [--variants 'a:VAR=V;b:VAR=V'] [--floor] [--pool-pages N]
+        [--variants 'a:VAR=V;b:VAR=V'] [--floor] [--pool-pages N] [--rotations N]
 
 Workloads (D=128, blocks = pages = 128 tokens, top-16, bf16): D-B{1,8,32,64,128} (B requests of 65536
 cached tokens, one query token each), D-mixed (B=64, lengths uniform in [1024, 131072]), D-mtp (B=32,
@@ -187,7 +187,7 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
     for w in ws:
         x0 = Inputs(w, hq, hkv, pool, gen)
         per_call = x0.kv_bytes(w, hkv)
-        rot = int(min(64, max(MIN_ROTATIONS, math.ceil(3 * L2_BYTES / max(per_call, 1)))))
+        rot = args.rotations or int(min(64, max(MIN_ROTATIONS, math.ceil(3 * L2_BYTES / max(per_call, 1)))))
         inputs = [x0] + [Inputs(w, hq, hkv, pool, gen) for _ in range(rot - 1)]
         kv_bytes = sum(x.kv_bytes(w, hkv) for x in inputs) / rot
         qo_bytes = 2 * w.batch * w.qo_len * hq * D * 2
@@ -239,6 +239,9 @@ def main():
     ap.add_argument("--pool-pages", type=int, default=None,
                     help="KV pool size in pages (default: the largest workload's need, >= 8192; a small pool "
                          "shows what the address translation of a multi-GB pool costs)")
+    ap.add_argument("--rotations", type=int, default=None,
+                    help="input sets replayed in turn (default: enough to overflow the L2 3x, at least "
+                         "MIN_ROTATIONS; 1: the same inputs every call, warm in the L2 and the TLBs - a diagnostic)")
     ap.add_argument("--floor", action="store_true",
                     help="at B=1 also time the call with no query token and with no selected block (fixed costs)")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
