@@ -187,8 +187,10 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
     for w in ws:
         x0 = Inputs(w, hq, hkv, pool, gen)
         per_call = x0.kv_bytes(w, hkv)
-        rot = args.rotations or int(min(64, max(MIN_ROTATIONS, math.ceil(3 * L2_BYTES / max(per_call, 1)))))
-        inputs = [x0] + [Inputs(w, hq, hkv, pool, gen) for _ in range(rot - 1)]
+        rot = int(min(64, max(MIN_ROTATIONS, math.ceil(3 * L2_BYTES / max(per_call, 1)))))
+        distinct = min(args.rotations or rot, rot)  # --rotations: fewer distinct input sets, as many calls
+        sets = [x0] + [Inputs(w, hq, hkv, pool, gen) for _ in range(distinct - 1)]
+        inputs = [sets[i % distinct] for i in range(rot)]
         kv_bytes = sum(x.kv_bytes(w, hkv) for x in inputs) / rot
         qo_bytes = 2 * w.batch * w.qo_len * hq * D * 2
         pattern = "random" if w.sparse else "dense"
@@ -240,8 +242,9 @@ def main():
                     help="KV pool size in pages (default: the largest workload's need, >= 8192; a small pool "
                          "shows what the address translation of a multi-GB pool costs)")
     ap.add_argument("--rotations", type=int, default=None,
-                    help="input sets replayed in turn (default: enough to overflow the L2 3x, at least "
-                         "MIN_ROTATIONS; 1: the same inputs every call, warm in the L2 and the TLBs - a diagnostic)")
+                    help="distinct input sets among the calls of the timed graph (default: all distinct, enough "
+                         "calls to overflow the L2 3x; 1: the same inputs in every call, warm in the L2 and the "
+                         "TLBs - a diagnostic; the graph keeps its number of calls)")
     ap.add_argument("--floor", action="store_true",
                     help="at B=1 also time the call with no query token and with no selected block (fixed costs)")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
