@@ -214,7 +214,7 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
                 kind, _, limit = w.bar.partition(">=") if ">=" in w.bar else w.bar.partition("<=")
                 meets = ratio >= float(limit) if kind == "ratio" else us <= float(limit)
             r = row(w.name, shape, pattern, impl, us, gbps=gbps, ceil=ceil, max_err=round(err, 5),
-                    bar=w.bar if default_splits else None, meets_bar=meets, rotations=rot,
+                    bar=w.bar if default_splits else None, meets_bar=meets, rotations=rot, distinct_inputs=distinct,
                     mib_per_call=round((kv_bytes + qo_bytes) / 2**20, 1), plan=plan.describe())
             rows.append(r)
             print(f"{w.name:8s} {shape} {pattern:6s} {impl:14s} {us:8.2f} us {gbps:7.0f} GB/s ratio {ratio:.3f} "
