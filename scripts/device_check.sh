@@ -44,7 +44,8 @@ for stage in "$@"; do
     demo|demo=*)
       dargs=${stage#demo}; dargs=${dargs#=}; tag=${dargs//[^a-z0-9]/_}
       step "demo $dargs"
-      ./build/msa demo $(words "$dargs") 2>&1 | tee "$OUT/demo$tag.log" | tail -15; [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+      ./build/msa demo $(words "$dargs") 2>&1 | tee "$OUT/demo$tag.log" | tail -15
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
     sanitize=*)
       script=${stage#sanitize=}
       for tool in memcheck racecheck synccheck; do
