@@ -16,8 +16,8 @@ work. Peers are timed eagerly (one launch each). Each timed configuration starts
 of idle GPU (default 2): the board's power limiter averages the draw over about a second, so a row timed
 right after a long dense one ran at lower clocks (H200, nvidia-smi at 100 ms: P-32K dense draws ~650 W under
 the software power cap, clocks 1425-1680 MHz; the P-chunk rows right after it ran at 1755-1965 MHz with
-the cap still active, P-chunk `random` 241-242 TFLOP/s against 253-254 first in a process, every kernel
-slower: bench/results/prefill-20261130-f3b0acf-order.md).
+the cap still active, P-chunk `random` 241-242 TFLOP/s against 253-254 first in a process, its KV-major
+kernel 3.5% slower: bench/results/prefill-20261130-f3b0acf-order.md).
 
 Rows: msa (default decomposition, chosen per tile on the device), msa-qmajor / msa-kvmajor (forced through
 MSA_SM90_PREFILL; not with --quick), msa-dense (dense causal paged), cudnn-sdpa (torch SDPA, cuDNN backend,
