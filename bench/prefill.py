@@ -322,7 +322,7 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
     qo_len, kv_len = WORKLOADS[wl]
     gen = torch.Generator(device=DEV).manual_seed(seed)
     c = Case(qo_len, kv_len, hq, hkv, gen)
-    iters = 10 if opts.quick else 20
+    iters = opts.iters or (10 if opts.quick else 20)
 
     def emit(pattern, impl, us, pairs, **extra):
         tf = tflops(pairs, us)
@@ -434,6 +434,8 @@ def main():
     ap.add_argument("--profile", action="store_true", help="per-kernel device time of each msa row")
     ap.add_argument("--once", action="store_true", help="one call per msa row, no timing (for ncu)")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
+    ap.add_argument("--iters", type=int, default=None,
+                    help="timed calls per configuration (default 10 with --quick, else 20); longer runs show the power limiter")
     ap.add_argument("--cooldown", type=float, default=2.0,
                     help="seconds of idle GPU before each timed configuration (0: none; see the docstring)")
     args = ap.parse_args()
