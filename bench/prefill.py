@@ -12,12 +12,15 @@ blocks per query block and KV head, the same for all its tokens).
 
 msa rows are timed as CUDA-graph replay (run() only launches: ~10 launches and their host work, ~140 us a
 call when eager, are what a serving engine replays from a graph); eager_us beside them includes that host
-work. Peers are timed eagerly (one launch each). Each timed configuration starts after --cooldown seconds
-of idle GPU (default 2): the board's power limiter averages the draw over about a second, so a row timed
-right after a long dense one ran at lower clocks (H200, nvidia-smi at 100 ms: P-32K dense draws ~650 W under
-the software power cap, clocks 1425-1680 MHz; the P-chunk rows right after it ran at 1755-1965 MHz with
-the cap still active, P-chunk `random` 241-242 TFLOP/s against 253-254 first in a process, its KV-major
-kernel 3.5% slower: bench/results/prefill-20261130-f3b0acf-order.md).
+work. Peers are timed eagerly (one launch each). Each timed configuration starts on a rested board: at
+least --cooldown seconds idle (default 2), then until nvidia-smi shows no power cap and an averaged draw
+under 150 W (at most --cooldown-max, default 20 s; bench/gpu_monitor.py). The board's power limiter averages
+the draw over about a second, and a row timed right after a capped one, or over ~1 s, runs at ~1700 instead of
+1980 MHz (P-chunk `random` 241 against 253 after P-32K dense, prefill-20261130-f3b0acf-order.md; P-32K `shared`
+523.6 against 556.7 over 100 timed calls instead of 10, prefill-20261130-1243790-power.md). Each row records
+the SM clock seen while it was timed (sm_mhz: median of 20 ms samples, sm_mhz_min) and the share of those
+samples under the software power cap (power_capped); rows of 30 ms calls (dense P-32K, msa and cuDNN) reach the
+cap within their own timing.
 
 Rows: msa (default decomposition, chosen per tile on the device), msa-qmajor / msa-kvmajor (forced through
 MSA_SM90_PREFILL; not with --quick), msa-dense (dense causal paged), cudnn-sdpa (torch SDPA, cuDNN backend,
@@ -49,7 +52,6 @@ import faulthandler
 import inspect
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -58,6 +60,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ceilings, environment, main_guard, parse_variants, row, time_eager, time_graph,  # noqa: E402
                     write_results)
+from gpu_monitor import GpuMonitor  # noqa: E402
 
 import msa  # noqa: E402
 
@@ -332,14 +335,16 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
         err = "" if r["max_err"] is None else f"  max_err {r['max_err']:.2e}"
         eager = "" if "eager_us" not in extra else f"  eager {extra['eager_us']:.1f} us"
         kern = "" if "kernels_us" not in extra else "  " + " ".join(f"{k} {v}" for k, v in extra["kernels_us"].items())
-        print(f"{wl:8s} {shape:7s} {pattern:9s} {impl:18s} {us:10.1f} us {tf:7.1f} TFLOP/s{err}{eager}{kern}",
+        clk = "" if "sm_mhz" not in extra else f"  {extra['sm_mhz']} MHz (min {extra['sm_mhz_min']}, capped {extra['power_capped']})"
+        print(f"{wl:8s} {shape:7s} {pattern:9s} {impl:18s} {us:10.1f} us {tf:7.1f} TFLOP/s{err}{eager}{clk}{kern}",
               flush=True)
 
-    def settle():
-        """Idle the GPU for --cooldown seconds, so that a row does not inherit the power cap of the last."""
+    def settle() -> dict:
+        """Rests the board (see the docstring) so that a row does not inherit the power cap of the last."""
         torch.cuda.synchronize()
-        if opts.cooldown > 0 and not opts.once:
-            time.sleep(opts.cooldown)
+        if opts.once or opts.cooldown_max <= 0:
+            return {}
+        return {"rest_s": round(opts.monitor.rest(opts.cooldown, max(opts.cooldown, opts.cooldown_max)), 1)}
 
     def time_msa(call):
         """(median us, extra row fields) of one msa configuration: CUDA-graph replay (run() only launches,
@@ -349,14 +354,16 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
             call()
             torch.cuda.synchronize()
             return None, {}
-        settle()
+        rest = settle()
         with watchdog(300):
-            eager = time_eager(call, iters=iters)
-            extra = {"eager_us": round(eager, 1)}
-            try:
-                us = time_graph(call, iters=iters, warmup=3)
-            except Exception as e:  # noqa: BLE001 (report the eager time and why)
-                us, extra["graph_error"] = eager, str(e)[:200]
+            with opts.monitor.window() as w:
+                eager = time_eager(call, iters=iters)
+                extra = {"eager_us": round(eager, 1)}
+                try:
+                    us = time_graph(call, iters=iters, warmup=3)
+                except Exception as e:  # noqa: BLE001 (report the eager time and why)
+                    us, extra["graph_error"] = eager, str(e)[:200]
+            extra.update(w.fields(), **rest)
             if opts.profile:
                 extra["kernels_us"] = kernel_breakdown(call)
         return us, extra
@@ -369,9 +376,10 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
     if opts.peers and not opts.once and "dense" in opts.patterns:
         try:
             sdpa_call, ref, sdpa_name = sdpa_runner(c)
-            settle()
-            sus = time_eager(sdpa_call, iters=iters)
-            emit("dense", sdpa_name, sus, pairs)
+            rest = settle()
+            with opts.monitor.window() as w:
+                sus = time_eager(sdpa_call, iters=iters)
+            emit("dense", sdpa_name, sus, pairs, **w.fields(), **rest)
         except Exception as e:  # noqa: BLE001
             rows.append(row(wl, shape, "dense", "cudnn-sdpa", 0.0, error=str(e)[:400]))
             print(f"{wl} {shape} dense cudnn-sdpa: {e}", flush=True)
@@ -408,10 +416,11 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
         if pattern == "shared" and opts.peers and not opts.once and flex_wanted:
             try:
                 fcall, fo = flex_runner(c, sel)
-                settle()
-                fus = time_eager(fcall, iters=iters)
+                rest = settle()
+                with opts.monitor.window() as w:
+                    fus = time_eager(fcall, iters=iters)
                 ferr = None if out is None else float((fo[0].transpose(0, 1) - out).abs().max().item())  # against msa
-                emit(pattern, "flex", fus, pairs, max_err=ferr)
+                emit(pattern, "flex", fus, pairs, max_err=ferr, **w.fields(), **rest)
             except Exception as e:  # noqa: BLE001
                 rows.append(row(wl, shape, pattern, "flex", 0.0, error=str(e)[:400]))
                 print(f"{wl} {shape} flex: {e}", flush=True)
@@ -437,7 +446,9 @@ def main():
     ap.add_argument("--iters", type=int, default=None,
                     help="timed calls per configuration (default 10 with --quick, else 20); longer runs show the power limiter")
     ap.add_argument("--cooldown", type=float, default=2.0,
-                    help="seconds of idle GPU before each timed configuration (0: none; see the docstring)")
+                    help="least seconds of idle GPU before each timed configuration (see the docstring)")
+    ap.add_argument("--cooldown-max", type=float, default=20.0,
+                    help="most seconds to wait for the board to rest before each configuration (0: no rest at all)")
     args = ap.parse_args()
     main_guard()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -446,6 +457,7 @@ def main():
     args.variants = parse_variants(args.variants)
     args.modes = args.modes.split(",") if args.modes else (["auto"] if args.quick else ["auto", "qmajor", "kvmajor"])
     args.patterns = args.patterns.split(",") if args.patterns else ["dense", "random", "clustered", "shared"]
+    args.monitor = GpuMonitor()
     ceil = {"copy_gbps": None, "matmul_tflops": None} if args.once else ceilings()
     rows: list = []
     for shape in shapes:
