@@ -130,7 +130,7 @@ def write_results(bench: str, ceil: dict, rows: list, out_dir: str | None = None
            "rows": rows}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
     cols = ["workload", "shape", "pattern", "impl", "us", "tflops", "gbps", "ratio", "max_err"]
-    cols += [c for c in ("sm_mhz", "power_capped") if any(c in r for r in rows)]  # bench/gpu_monitor.py
+    cols += [c for c in ("sm_mhz", "power_capped", "clock_reasons") if any(c in r for r in rows)]  # bench/gpu_monitor.py
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |")

@@ -13,6 +13,7 @@ plain sleep and the row fields are absent.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import shutil
 import statistics
@@ -38,7 +39,16 @@ class GpuMonitor:
         except OSError:
             self._proc = None
             return
+        atexit.register(self.close)
         threading.Thread(target=self._reader, daemon=True).start()
+
+    def close(self):
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
 
     def _reader(self):
         for line in self._proc.stdout:
@@ -100,5 +110,9 @@ class _Window:
         if not s:
             return {}
         mhz = [x[1] for x in s]
+        reasons = 0
+        for x in s:
+            reasons |= x[3]
         return {"sm_mhz": round(statistics.median(mhz)), "sm_mhz_min": round(min(mhz)),
-                "power_capped": round(sum(1 for x in s if x[3] & _SW_POWER_CAP) / len(s), 2)}
+                "power_capped": round(sum(1 for x in s if x[3] & _SW_POWER_CAP) / len(s), 2),
+                "clock_reasons": hex(reasons & ~0x1)}  # every reason seen but idle (0x1): 0x4 power cap, 0x8 / 0x40 / 0x80 hw
