@@ -190,6 +190,55 @@ def test_repeated_runs_are_bitwise_equal(rng, monkeypatch, mode):
         np.testing.assert_array_equal(first[1], again[1])
 
 
+@pytest.mark.parametrize("pattern", ["random", "clustered"])
+def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
+    """With a KV-major path the query-major kernel runs on the plan's side stream beside the KV-major
+    launches (a fork and a join of the caller's stream; src/cuda/common/stream_fork.h). Request 0's tiles
+    (63 blocks of random picks) go KV-major, request 1's (8 blocks) query-major. The results are bitwise
+    those of the serial order (MSA_SM90_KV_CONCURRENT=0), eagerly on a non-default stream and in every
+    replay of a CUDA graph that captured the call (NaN-poisoned before each), and close to the reference."""
+    prob = problem(rng, [600, 300], [8000, 900], pattern=pattern)
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "0")
+    serial = run_gpu(plan_for(prob, monkeypatch), prob, t)
+    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "1")
+    plan = plan_for(prob, monkeypatch)
+    T = t["q"].shape[0]
+    out = torch.empty((T, prob.num_qo_heads, prob.head_dim_v), device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty((T, prob.num_qo_heads), device=DEV, dtype=torch.float32)
+
+    def call():
+        msa.attention(plan, t["q"], t["k_cache"], t["v_cache"], t["page_table"], t["qo_indptr"], t["kv_lens"],
+                      block_idx=t["block_idx"], qo_offset=t["qo_offset"], page_indptr=t["page_indptr"], out=out,
+                      lse=lse, sm_scale=prob.sm_scale)
+
+    def poisoned_run(fn):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        return out.float().cpu().numpy(), lse.cpu().numpy()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        eager = poisoned_run(call)
+    torch.cuda.current_stream().wait_stream(side)
+    np.testing.assert_array_equal(eager[0], serial[0])
+    np.testing.assert_array_equal(eager[1], serial[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    torch.cuda.synchronize()
+    for _ in range(3):
+        replay = poisoned_run(graph.replay)
+        np.testing.assert_array_equal(replay[0], serial[0])
+        np.testing.assert_array_equal(replay[1], serial[1])
+    o_ref, lse_ref = mt.ref_attention(prob)
+    mt.assert_close(serial[0], o_ref)
+    mt.assert_lse_close(serial[1], lse_ref)
+
+
 @pytest.mark.parametrize("pattern", ["clustered", None])
 def test_qmajor_long_and_empty_tiles(rng, monkeypatch, pattern):
     """Query-major tiles longer than the stage ring (every stage and its record reused), a tile that

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cuda/common/device_buffer.cuh"
+#include "cuda/common/stream_fork.h"
 #include "cuda/plan_state.h"
 #include "cuda/sm90/schedule.h"
 
@@ -35,6 +36,9 @@ struct PrefillState {
   // KV-major (rule != kNever).
   int32_t window_tiles = 0, num_windows = 0, subwindow_tiles = 0, block_keys = 0, key_span = 0, item_capacity = 0;
   DeviceBuffer key_count, key_offset, entry_key, entry_rank, pairs, items, item_count, part_o, part_lse;
+  // The query-major kernel on a side stream beside the KV-major launches (both read the tile lists and
+  // write disjoint rows of o / lse); empty when the plan has no KV-major path or MSA_SM90_KV_CONCURRENT=0.
+  StreamFork fork;
 };
 
 }  // namespace msa::detail::cuda::sm90
