@@ -52,16 +52,10 @@ class GpuMonitor:
 
     def _reader(self):
         for line in self._proc.stdout:
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) != 4:
-                continue
-            try:
-                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                s = (t, float(parts[1]), float(parts[2]), int(parts[3], 16))
-            except ValueError:
-                continue
-            with self._lock:
-                self.samples.append(s)
+            s = parse_sample(line)
+            if s is not None:
+                with self._lock:
+                    self.samples.append(s)
 
     @property
     def available(self) -> bool:
@@ -104,15 +98,30 @@ class _Window:
         return False
 
     def fields(self) -> dict:
-        if not self.mon.available:
-            return {}
-        s = self.mon._since(self.t0, self.t1)
-        if not s:
-            return {}
-        mhz = [x[1] for x in s]
-        reasons = 0
-        for x in s:
-            reasons |= x[3]
-        return {"sm_mhz": round(statistics.median(mhz)), "sm_mhz_min": round(min(mhz)),
-                "power_capped": round(sum(1 for x in s if x[3] & _SW_POWER_CAP) / len(s), 2),
-                "clock_reasons": hex(reasons & ~0x1)}  # every reason seen but idle (0x1): 0x4 power cap, 0x8 / 0x40 / 0x80 hw
+        return window_fields(self.mon._since(self.t0, self.t1)) if self.mon.available else {}
+
+
+def parse_sample(line: str):
+    """(epoch seconds, SM MHz, averaged W, reasons) of one `nvidia-smi --format=csv,noheader,nounits` line of
+    _FIELDS, or None for anything else (a header, an error message, a field the driver reports as N/A)."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 4:
+        return None
+    try:
+        t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        return (t, float(parts[1]), float(parts[2]), int(parts[3], 16))
+    except ValueError:
+        return None
+
+
+def window_fields(samples: list) -> dict:
+    """Row fields of the samples taken while a row was timed ({} without samples)."""
+    if not samples:
+        return {}
+    mhz = [x[1] for x in samples]
+    reasons = 0
+    for x in samples:
+        reasons |= x[3]
+    return {"sm_mhz": round(statistics.median(mhz)), "sm_mhz_min": round(min(mhz)),
+            "power_capped": round(sum(1 for x in samples if x[3] & _SW_POWER_CAP) / len(samples), 2),
+            "clock_reasons": hex(reasons & ~0x1)}  # every reason seen but idle (0x1): 0x4 power cap, 0x8 / 0x40 / 0x80 hw
