@@ -52,6 +52,12 @@ class StreamFork {
     MSA_CUDA_CHECK(cudaEventRecord(done_, side_));
     MSA_CUDA_CHECK(cudaStreamWaitEvent(caller, done_, 0));
   }
+  // The same on the way out of a call that failed after fork(): errors ignored (the first one is being
+  // reported). Without it the caller's later work could overlap the side stream's, and a capture would end
+  // with an unjoined fork (cudaErrorStreamCaptureUnjoined) instead of the call's own error.
+  void join_after_error(cudaStream_t caller) const noexcept {
+    if (cudaEventRecord(done_, side_) == cudaSuccess) (void)cudaStreamWaitEvent(caller, done_, 0);
+  }
 
  private:
   void swap(StreamFork& o) noexcept {

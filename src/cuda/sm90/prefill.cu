@@ -373,12 +373,16 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   if (concurrent) s.fork.fork(stream);
   const cudaStream_t q_stream = concurrent ? s.fork.side() : stream;
   const int grid = std::min(s.sm_count, s.num_tiles);
-  if (bf16)
-    launch_qmajor<true>(sparse, qp, grid, q_stream);
-  else
-    launch_qmajor<false>(sparse, qp, grid, q_stream);
-
-  if (kv_path) run_kv_major(s, p, bf16, stream);
+  try {
+    if (bf16)
+      launch_qmajor<true>(sparse, qp, grid, q_stream);
+    else
+      launch_qmajor<false>(sparse, qp, grid, q_stream);
+    if (kv_path) run_kv_major(s, p, bf16, stream);
+  } catch (...) {
+    if (concurrent) s.fork.join_after_error(stream);
+    throw;
+  }
   if (concurrent) s.fork.join(stream);
 }
 
