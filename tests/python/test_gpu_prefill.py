@@ -193,11 +193,12 @@ def test_repeated_runs_are_bitwise_equal(rng, monkeypatch, mode):
 @pytest.mark.parametrize("pattern", ["random", "clustered"])
 def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
     """With a KV-major path the query-major kernel runs on the plan's side stream beside the KV-major
-    launches (a fork and a join of the caller's stream; src/cuda/common/stream_fork.h). `random`: request 0's
-    tiles (63 blocks to pick from) go KV-major, request 1's (8 blocks) query-major; `clustered`: mostly query-major
-    tiles (a pool of 24 blocks per query block), the KV-major launches finding little or nothing to do. The results are bitwise
-    those of the serial order (MSA_SM90_KV_CONCURRENT=0), eagerly on a non-default stream and in every
-    replay of a CUDA graph that captured the call (NaN-poisoned before each), and close to the reference."""
+    launches (a fork and a join of the caller's stream; src/cuda/common/stream_fork.h). `random`: request
+    0's tiles (63 blocks to pick from) go KV-major, request 1's (8 blocks) query-major; `clustered`: mostly
+    query-major tiles (a pool of 24 blocks per query block), the KV-major launches finding little or nothing
+    to do. The results are bitwise those of the serial order (MSA_SM90_KV_CONCURRENT=0), eagerly on a
+    non-default stream and in every replay of a CUDA graph that captured the call (NaN-poisoned before
+    each), and close to the reference."""
     prob = problem(rng, [600, 300], [8000, 900], pattern=pattern)
     t = mt.to_torch(prob, DEV, torch.bfloat16)
     monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "0")
