@@ -26,11 +26,11 @@ _SW_POWER_CAP = 0x4
 
 
 class GpuMonitor:
-    def __init__(self, period_ms: int = 20, device: int = 0):
+    def __init__(self, period_ms: int = 20, device: int = 0, enabled: bool = True):
         self.samples: list = []  # (epoch seconds, sm MHz, averaged W, reasons)
         self._proc = None
         self._lock = threading.Lock()
-        if shutil.which("nvidia-smi") is None:
+        if not enabled or shutil.which("nvidia-smi") is None:
             return
         try:
             self._proc = subprocess.Popen(

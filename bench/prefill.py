@@ -462,7 +462,7 @@ def main():
     args.variants = parse_variants(args.variants)
     args.modes = args.modes.split(",") if args.modes else (["auto"] if args.quick else ["auto", "qmajor", "kvmajor"])
     args.patterns = args.patterns.split(",") if args.patterns else ["dense", "random", "clustered", "shared"]
-    args.monitor = GpuMonitor()
+    args.monitor = GpuMonitor(enabled=not args.once)  # no sampler beside an ncu run
     ceil = {"copy_gbps": None, "matmul_tflops": None} if args.once else ceilings()
     rows: list = []
     for shape in shapes:
