@@ -42,6 +42,9 @@ Experiments (one process, one set of ceilings):
   --flex all|none|SHAPE:WORKLOAD,...       cases where FlexAttention runs (a compile of ~20 s each)
   --profile                                per-kernel device time of each msa row (torch.profiler), in the
                                            row as kernels_us and printed
+  --timeline                               the kernels of one graph replay of each msa row in start order
+                                           (stream, start and end in us from the first kernel's start), in
+                                           the row as timeline and printed: where a short call's time goes
   --once                                   one call of each selected msa row, no timing (for ncu -k ...)
 """
 from __future__ import annotations
@@ -313,11 +316,52 @@ def kernel_breakdown(call, calls: int = 3) -> dict:
             t = getattr(evt, "cuda_time_total", 0.0)
         if not t:
             continue
-        short = next((v for k, v in KERNEL_NAMES if k in evt.key), None)
-        if short is None:
+        short = short_name(evt.key)
+        if short == evt.key[:40]:
             continue
         out[short] = round(out.get(short, 0.0) + t / calls, 1)
     return out
+
+
+def short_name(name: str) -> str:
+    return next((v for k, v in KERNEL_NAMES if k in name), name[:40])
+
+
+def kernel_timeline(call, replays: int = 3) -> dict:
+    """The kernels of the last of `replays` graph replays of call(): [(short name, stream, start us, end us)]
+    from the replay's first kernel start, and its span (first start to last end). Read from the profiler's
+    chrome trace, which keeps each kernel's device timestamps (key_averages() does not)."""
+    import json
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+            torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    ks = sorted((float(e["ts"]), float(e["dur"]), e.get("tid"), e["name"]) for e in trace.get("traceEvents", [])
+                if e.get("cat") == "kernel")
+    if not ks:
+        return {}
+    if len(ks) % replays:
+        return {"error": f"{len(ks)} kernels in {replays} replays"}
+    last = ks[-(len(ks) // replays):]  # every replay launches the same kernels
+    t0 = last[0][0]
+    rows = [(short_name(n), tid, round(ts - t0, 1), round(ts + d - t0, 1)) for ts, d, tid, n in last]
+    return {"span_us": round(max(r[3] for r in rows), 1), "kernels": rows}
 
 
 def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> None:
@@ -371,6 +415,12 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
                 us = eager
             if opts.profile:
                 extra["kernels_us"] = kernel_breakdown(call)
+            if opts.timeline:
+                extra["timeline"] = kernel_timeline(call)
+                tl = extra["timeline"]
+                if "kernels" in tl:
+                    print(f"  timeline (graph replay, span {tl['span_us']} us): " +
+                          "  ".join(f"{n}@{tid}[{a}-{b}]" for n, tid, a, b in tl["kernels"]), flush=True)
         return us, extra
 
     flex_wanted = opts.flex == "all" or f"{shape}:{wl}" in opts.flex.split(",")
@@ -446,6 +496,7 @@ def main():
     ap.add_argument("--flex", default="all",
                     help="cases where FlexAttention runs: all, none, or SHAPE:WORKLOAD,... (its compile takes ~20 s a case)")
     ap.add_argument("--profile", action="store_true", help="per-kernel device time of each msa row")
+    ap.add_argument("--timeline", action="store_true", help="kernel start/end of one graph replay per msa row")
     ap.add_argument("--once", action="store_true", help="one call per msa row, no timing (for ncu)")
     ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
     ap.add_argument("--iters", type=int, default=None,
