@@ -81,6 +81,44 @@ def time_eager(fn, iters: int = 20, warmup: int = 3) -> float:
     return times[len(times) // 2]
 
 
+def time_flushed(fn, iters: int = 20, warmup: int = 3, graph: bool = True, flush_bytes: int = 256 << 20) -> float:
+    """Median microseconds per call of fn(), timed as triton.testing.do_bench does: before each call a
+    256 MiB memset evicts the L2 (the spec: "L2 flushed or inputs rotated"), and the calls are enqueued back to
+    back with an event pair around each, synchronized once at the end. The memset (~80 us on an H200) covers
+    the host's submission of the next call, so a call's time starts when the GPU reaches it, as in a serving
+    engine whose stream is never idle; time_graph/time_eager instead synchronize after every call, so each
+    timed call starts on an idle stream and includes the host's launch latency (~5-10 us for a prefill graph
+    of a dozen nodes). graph: replay fn() from a CUDA graph (else call it eagerly, its host work included
+    wherever it exceeds the memset)."""
+    run = fn
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        run = g.replay
+    for _ in range(warmup):
+        run()
+    cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    torch.cuda.synchronize()
+    for a, b in zip(starts, ends):
+        cache.zero_()
+        a.record()
+        run()
+        b.record()
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) * 1000.0 for a, b in zip(starts, ends))
+    return times[len(times) // 2]
+
+
 def copy_ceiling_gbps(nbytes: int = 4 << 30) -> float:
     """Device-to-device copy, bytes read + written per second, in GB/s."""
     n = nbytes // 2

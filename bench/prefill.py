@@ -12,7 +12,11 @@ blocks per query block and KV head, the same for all its tokens).
 
 msa rows are timed as CUDA-graph replay (run() only launches: ~10 launches and their host work, ~140 us a
 call when eager, are what a serving engine replays from a graph); eager_us beside them includes that host
-work. Peers are timed eagerly (one launch each). Each timed configuration starts on a rested board: at
+work. Peers are timed eagerly (one launch each). Every row's `us` is do_bench's method (common.time_flushed):
+a 256 MiB memset evicts the L2 before each call and the calls are enqueued back to back, so a call starts
+when the GPU reaches it and its inputs come from HBM; `isolated_us` beside it is the older method (synchronize
+after every call: each call starts on an idle stream and pays the host's launch latency, ~8 us for a prefill
+graph, with the inputs of the last call still in the L2; 0.5% of a P-32K call, 5% of an M3-TP4 P-chunk one). Each timed configuration starts on a rested board: at
 least --cooldown seconds idle (default 2), then until nvidia-smi shows no power cap and an averaged draw
 under 150 W (at most --cooldown-max, default 20 s; bench/gpu_monitor.py). The board's power limiter averages
 the draw over about a second, and a row timed right after a capped one, or over ~1 s, runs at ~1700 instead of
@@ -61,7 +65,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ceilings, environment, main_guard, parse_variants, row, time_eager, time_graph,  # noqa: E402
+from common import (ceilings, environment, main_guard, parse_variants, row, time_eager, time_flushed, time_graph,  # noqa: E402
                     write_results)
 from gpu_monitor import GpuMonitor  # noqa: E402
 
@@ -378,6 +382,8 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
         rows.append(r)
         err = "" if r["max_err"] is None else f"  max_err {r['max_err']:.2e}"
         eager = "" if "eager_us" not in extra else f"  eager {extra['eager_us']:.1f} us"
+        if "isolated_us" in extra:
+            eager = f"  isolated {extra['isolated_us']:.1f} us" + eager
         kern = "" if "kernels_us" not in extra else "  " + " ".join(f"{k} {v}" for k, v in extra["kernels_us"].items())
         clk = "" if "sm_mhz" not in extra else f"  {extra['sm_mhz']} MHz (min {extra['sm_mhz_min']}, capped {extra['power_capped']})"
         print(f"{wl:8s} {shape:7s} {pattern:9s} {impl:18s} {us:10.1f} us {tf:7.1f} TFLOP/s{err}{eager}{clk}{kern}",
@@ -405,10 +411,12 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
             extra = {}
             with opts.monitor.window() as w:
                 try:
-                    us = time_graph(call, iters=iters, warmup=3)
+                    us = time_flushed(call, iters=iters, warmup=3)
                 except Exception as e:  # noqa: BLE001 (report the eager time and why)
                     us, extra["graph_error"] = None, str(e)[:200]
             extra.update(w.fields(), **rest)
+            if us is not None:
+                extra["isolated_us"] = round(time_graph(call, iters=iters, warmup=1), 1)
             eager = time_eager(call, iters=iters)
             extra["eager_us"] = round(eager, 1)
             if us is None:
@@ -433,8 +441,9 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
             sdpa_call, ref, sdpa_name = sdpa_runner(c)
             rest = settle()
             with opts.monitor.window() as w:
-                sus = time_eager(sdpa_call, iters=iters)
-            emit("dense", sdpa_name, sus, pairs, **w.fields(), **rest)
+                sus = time_flushed(sdpa_call, iters=iters, graph=False)
+            iso = round(time_eager(sdpa_call, iters=iters), 1)
+            emit("dense", sdpa_name, sus, pairs, isolated_us=iso, **w.fields(), **rest)
         except Exception as e:  # noqa: BLE001
             rows.append(row(wl, shape, "dense", "cudnn-sdpa", 0.0, error=str(e)[:400]))
             print(f"{wl} {shape} dense cudnn-sdpa: {e}", flush=True)
@@ -473,9 +482,10 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
                 fcall, fo = flex_runner(c, sel)
                 rest = settle()
                 with opts.monitor.window() as w:
-                    fus = time_eager(fcall, iters=iters)
+                    fus = time_flushed(fcall, iters=iters, graph=False)
+                iso = round(time_eager(fcall, iters=iters), 1)
                 ferr = None if out is None else float((fo[0].transpose(0, 1) - out).abs().max().item())  # against msa
-                emit(pattern, "flex", fus, pairs, max_err=ferr, **w.fields(), **rest)
+                emit(pattern, "flex", fus, pairs, max_err=ferr, isolated_us=iso, **w.fields(), **rest)
             except Exception as e:  # noqa: BLE001
                 rows.append(row(wl, shape, pattern, "flex", 0.0, error=str(e)[:400]))
                 print(f"{wl} {shape} flex: {e}", flush=True)
