@@ -26,6 +26,10 @@ struct TileBlockLists {
   const int32_t* count = nullptr;  // [num_tiles]
   const int32_t* kv_major = nullptr;  // [num_tiles]: 1 = the tile is served by the KV-major path
   int32_t capacity = 0;            // tile_tokens * topk
+  // With a KV-major path: the query-major tiles, compacted (qm_tiles[0 .. *qm_count), in the order the
+  // tile-list pass finished them). null: claim tile indexes and skip flagged ones.
+  const int32_t* qm_tiles = nullptr;
+  const int32_t* qm_count = nullptr;
 };
 
 struct QMajorParams {

@@ -4,6 +4,7 @@
 // run() launches, in order on the caller's stream:
 //   tile schedule (1 CTA)            tile_cum / blk_cum from device lengths, counters zeroed
 //   [sparse] tile lists              per-tile sorted union of blocks + token masks, path per tile
+//                                    (with a KV-major path, the query-major tiles listed compactly)
 //   query-major kernel               dense tiles, or sparse tiles whose union is narrow
 //   [KV-major] memset, rank, scan, fill, then per window: KV-major kernel, LSE merge
 // With a KV-major path the query-major kernel runs on the plan's side stream (StreamFork, highest
@@ -293,7 +294,8 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   }
   if (s->rule == KvMajorRule::kNever) s->num_windows = 0;
   if (s->rule != KvMajorRule::kNever && kv_concurrent()) s->fork = StreamFork(/*high_priority=*/true);
-  s->counters = DeviceBuffer(static_cast<size_t>(1 + 2 * s->num_windows) * sizeof(int32_t));
+  if (s->rule != KvMajorRule::kNever) s->qm_tiles = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
+  s->counters = DeviceBuffer(static_cast<size_t>(2 + 2 * s->num_windows) * sizeof(int32_t));
   return s;
 }
 
@@ -321,7 +323,7 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   const int32_t group = 1 << s.group_shift;
 
   launch_tile_schedule(p.seqs, s.tile_tokens, s.num_kv_heads, ptr<int32_t>(s.tile_cum), ptr<int32_t>(s.blk_cum),
-                       ptr<int32_t>(s.counters), 1 + 2 * s.num_windows, stream);
+                       ptr<int32_t>(s.counters), 2 + 2 * s.num_windows, stream);
 
   QMajorParams qp{};
   encode_q_map(&qp.q_map, p, group, s.tile_tokens);
@@ -361,11 +363,17 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
       lp.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
       lp.window_tiles = s.window_tiles;
     }
+    if (s.qm_tiles.get() != nullptr) {
+      lp.qm_tiles = ptr<int32_t>(s.qm_tiles);
+      lp.qm_count = ptr<int32_t>(s.counters) + 1 + 2 * s.num_windows;
+    }
     launch_tile_lists(lp, stream);
     qp.lists.entries = lp.entries;
     qp.lists.count = lp.count;
     qp.lists.kv_major = lp.kv_major;
     qp.lists.capacity = lp.capacity;
+    qp.lists.qm_tiles = lp.qm_tiles;
+    qp.lists.qm_count = lp.qm_count;
   }
 
   const bool kv_path = sparse && s.rule != KvMajorRule::kNever;

@@ -26,11 +26,12 @@ struct PrefillState {
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]
-  DeviceBuffer counters;  // [1 + 2 * kv windows]: query-major tile counter, an item counter per window, and
-                          // the KV-major tile count per window
+  DeviceBuffer counters;  // [2 + 2 * kv windows]: query-major tile counter, an item counter per window,
+                          // the KV-major tile count per window, and the count of qm_tiles
 
   // Sparse: per-tile block unions (tile_lists) and the path of each tile.
   DeviceBuffer list_entries, list_count, kv_major;
+  DeviceBuffer qm_tiles;  // [num_tiles] with a KV-major path: the query-major tiles, compacted
   int32_t list_capacity = 0;
 
   // KV-major (rule != kNever).

@@ -90,13 +90,23 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
   const int32_t group = 1 << p.group_shift;
   const int32_t tile_tokens = p.sched.tile_tokens;
   const int32_t live = live_tiles(p.sched, p.seqs.batch_size);
+  // Sparse with a KV-major path: claims index the compacted list of query-major tiles (one trip more
+  // than a tile index, against a flag read per claimed KV-major tile otherwise).
+  const bool listed = kSparse && p.lists.qm_tiles != nullptr;
+  const int32_t listed_count = listed ? *p.lists.qm_count : 0;
   for (uint32_t q_it = 0;; ++q_it) {
     if (q_it > 0) barrier_wait(&s.ahead_go, (q_it - 1) & 1);  // warp 0 read the previous hand-over
     int32_t tile = 0;
-    do {  // sparse tiles flagged KV-major belong to the other kernel
+    if (listed) {
       if (lane == 0) tile = atomicAdd(p.tile_counter, 1);
       tile = __shfl_sync(~0u, tile, 0);
-    } while (kSparse && tile < live && p.lists.kv_major[tile] != 0);
+      tile = tile < listed_count ? p.lists.qm_tiles[tile] : live;
+    } else {
+      do {  // sparse tiles flagged KV-major belong to the other kernel
+        if (lane == 0) tile = atomicAdd(p.tile_counter, 1);
+        tile = __shfl_sync(~0u, tile, 0);
+      } while (kSparse && tile < live && p.lists.kv_major[tile] != 0);
+    }
     TileInfo ti{};
     ti.tile = -1;
     if (tile < live) {

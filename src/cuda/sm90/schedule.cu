@@ -51,7 +51,10 @@ __global__ void __launch_bounds__(kScheduleThreads) tile_schedule_kernel(SeqPara
 }
 
 // A tile's entry count and path; KV-major tiles are also counted per window (the KV-major launches
-// of a window with none return at once).
+// of a window with none return at once), query-major ones appended to qm_tiles (the query-major
+// kernel claims from that list instead of walking every tile's flag: at M3-TP1 P-chunk `random`, where
+// every tile goes KV-major, its 132 CTAs spent ~10 us in 15 dependent claim-and-flag trips each while
+// holding the SMs the KV-major launches were waiting for).
 __device__ __forceinline__ void finish_tile(const TileListParams& p, int32_t tile, int32_t reps, int32_t selections) {
   p.count[tile] = reps;
   // reps block-steps of query-major against selections / tile_tokens useful ones.
@@ -59,6 +62,7 @@ __device__ __forceinline__ void finish_tile(const TileListParams& p, int32_t til
   const bool kv = p.rule == KvMajorRule::kAlways || (p.rule == KvMajorRule::kWideUnion && wide);
   p.kv_major[tile] = kv;
   if (kv && p.window_kv_tiles != nullptr) atomicAdd(p.window_kv_tiles + tile / p.window_tiles, 1);
+  if (!kv && p.qm_tiles != nullptr) p.qm_tiles[atomicAdd(p.qm_count, 1)] = tile;
 }
 
 // One CTA per tile. The union is built by ranking: entry x is the representative of its block if

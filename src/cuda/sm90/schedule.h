@@ -37,6 +37,8 @@ struct TileListParams {
   int32_t capacity = 0;       // tile_tokens * topk
   int32_t* window_kv_tiles = nullptr;  // [windows]: KV-major tiles counted per window (zeroed); null: none
   int32_t window_tiles = 1;            // tiles per KV-major window
+  int32_t* qm_tiles = nullptr;         // [sched.num_tiles]: query-major tiles appended here; null: not listed
+  int32_t* qm_count = nullptr;         // their count (zeroed by the schedule kernel)
 };
 
 // For every tile: the sorted union of its tokens' valid selections (contributing_block) with the
