@@ -84,6 +84,9 @@ inline constexpr bool kKvTmaStore = true;
 // they selected passes by; `random` would otherwise read each token's Q from HBM 16 times. Smaller
 // sub-windows re-read K/V more often (each sub-window touches most blocks: 64 MiB at M3-TP1, 32K).
 inline constexpr int kKvSubwindowTiles = 512;
+// Counters per KV-major key in the rank pass (kvmajor_lists.cu, key_stripe): 4, one 16-byte load per key
+// in the scan and the fill.
+inline constexpr int kKeyStripes = 4;
 // Partial outputs of one window (bf16: 256 B per (token, slot, head)); windows of canonical tiles
 // are sized to fit: 2 GiB = 4096 tiles of 8 tokens x 16 heads x top-16.
 inline constexpr long long kKvPartialBudgetBytes = 2ll << 30;

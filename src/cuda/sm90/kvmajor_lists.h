@@ -21,12 +21,14 @@ struct KvListParams {
   KvLists lists;
 };
 
-// entry_key / entry_rank of every entry of the KV-major tiles (rank by atomics on key_count, which
-// must be zero). Order inside a key's list is arbitrary; each entry's result does not depend on it.
+// entry_key / entry_rank of every entry of the KV-major tiles (rank by atomics on the kKeyStripes
+// counters of its key in key_count, which must be zero; the rank is the place in the tile's stripe).
+// Order inside a key's list is arbitrary; each entry's result does not depend on it.
 void launch_kv_rank(const KvListParams& p, cudaStream_t stream);
-// Per window: key_offset = exclusive scan of key_count, work items of <= kKvItemTokens tokens.
+// Per window: key_offset = exclusive scan of the keys' counts (stripes summed), work items of <=
+// kKvItemTokens tokens.
 void launch_kv_scan(const KvListParams& p, cudaStream_t stream);
-// pairs[key_offset[key] + rank] = {q token, window entry}.
+// pairs[key_offset[key] + (the key's lower stripes) + rank] = {q token, window entry}.
 void launch_kv_fill(const KvListParams& p, cudaStream_t stream);
 
 struct KvMergeParams {

@@ -110,7 +110,7 @@ void plan_kv_major(PrefillState& s, int64_t total_blocks) {
   s.item_capacity = static_cast<int32_t>(window * s.list_capacity / kKvItemTokens + s.key_span + 1);
   const size_t entries = static_cast<size_t>(s.num_tiles) * s.list_capacity;
   const size_t keys = static_cast<size_t>(windows) * s.key_span;
-  s.key_count = DeviceBuffer(keys * sizeof(int32_t));
+  s.key_count = DeviceBuffer(keys * kKeyStripes * sizeof(int32_t));
   s.key_offset = DeviceBuffer(keys * sizeof(int32_t));
   s.entry_key = DeviceBuffer(entries * sizeof(int32_t));
   s.entry_rank = DeviceBuffer(entries * sizeof(int32_t));
