@@ -10,9 +10,12 @@ earlier blocks per token and KV head, rows shuffled) and dense (fewer: B=1 and B
 
 Each call is timed as CUDA-graph replay; the graph holds R >= 8 calls whose inputs (q, page table, block
 indexes) are rotated over a KV pool of several GB with random page placement, so that one call does not
-find the previous call's blocks in the L2 (60 MB), and a replay's own fixed cost (~7 us on the H200:
-3.5 us per call at R = 2, measured as in-graph kernel time 51.0 us against 54.6 us per call at D-B32)
-stays under 1 us per call. Effective bandwidth = (bytes of the selected K and V
+find the previous call's blocks in the L2 (60 MB). `us` times replays enqueued back to back (an event pair
+around each, one synchronization at the end: each replay starts when the previous one ends, as on a serving
+engine's stream, where a layer's call is one of many kernels of a step's graph); `isolated_us` beside it
+synchronizes after every replay, so each starts on an idle stream and its calls share the host's launch of
+the graph (~7 us on the H200: 3.5 us per call at R = 2, measured as in-graph kernel time 51.0 us against
+54.6 us per call at D-B32; ~0.15 us per call at D-B1's R = 43). Effective bandwidth = (bytes of the selected K and V
 blocks, each counted once per request and KV head, only their keys below kv_len, + q and o bytes) / time,
 against the device-to-device copy ceiling measured in the same run. max_err: largest abs difference of
 a few output rows against a float64 computation of the same rows.
@@ -203,7 +206,9 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
                 plan = msa.plan_decode(w.batch, w.qo_len, int(w.kv_lens.max()), num_qo_heads=hq, num_kv_heads=hkv,
                                        head_dim=D, page_size=P, topk=TOPK if w.sparse else 0, device=DEV,
                                        max_splits=max_splits)
-            us = time_graph(None, iters=args.iters, rotate=[(lambda x=x: x.call(plan)) for x in inputs])
+            rotated = [(lambda x=x: x.call(plan)) for x in inputs]
+            us = time_graph(None, iters=args.iters, rotate=rotated, back_to_back=True)
+            isolated = time_graph(None, iters=args.iters, rotate=rotated)
             torch.cuda.synchronize()
             err = check_rows(x0, w, hq, hkv, gen_np)
             gbps = (kv_bytes + qo_bytes) / (us * 1e-6) / 1e9
@@ -215,9 +220,10 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
                 meets = ratio >= float(limit) if kind == "ratio" else us <= float(limit)
             r = row(w.name, shape, pattern, impl, us, gbps=gbps, ceil=ceil, max_err=round(err, 5),
                     bar=w.bar if default_splits else None, meets_bar=meets, rotations=rot, distinct_inputs=distinct,
+                    isolated_us=round(isolated, 3),
                     mib_per_call=round((kv_bytes + qo_bytes) / 2**20, 1), plan=plan.describe())
             rows.append(r)
-            print(f"{w.name:8s} {shape} {pattern:6s} {impl:14s} {us:8.2f} us {gbps:7.0f} GB/s ratio {ratio:.3f} "
+            print(f"{w.name:8s} {shape} {pattern:6s} {impl:14s} {us:8.2f} us (isolated {isolated:.2f}) {gbps:7.0f} GB/s ratio {ratio:.3f} "
                   f"err {err:.2e}" + ("" if meets is None else f"  bar {w.bar}: {'met' if meets else 'MISSED'}"),
                   flush=True)
             if args.floor and w.batch == 1 and w.sparse and max_splits == 0:
