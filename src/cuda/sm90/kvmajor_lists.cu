@@ -33,6 +33,7 @@ __device__ __forceinline__ bool kv_major_tile(const KvListParams& p, int32_t til
 // pass took 11-20 us at P-chunk `random` (M3-TP1 1024 keys, M3-TP4 256: the fewer keys, the slower),
 // against ~5 us when the same entries were spread over 4x the keys (four windows of the plan).
 __device__ __forceinline__ int32_t key_stripe(int32_t tile) { return tile & (kKeyStripes - 1); }
+static_assert(kKeyStripes == 4, "key_total and fill_tile read a key's stripes as one int4");
 
 __device__ __forceinline__ void rank_tile(const KvListParams& p, int32_t tile) {
   const KvLists& L = p.lists;
