@@ -30,17 +30,9 @@ def commit() -> str:
         return "unknown"
 
 
-def time_graph(fn, iters: int = 50, warmup: int = 5, rotate=None, back_to_back: bool = False) -> float:
-    """Median microseconds per call of fn() replayed from a CUDA graph.
-
-    rotate: optional list of argument-free callables; when given, the graph captures one call per
-    entry (inputs rotated so that repeated calls do not measure the L2) and the time is per call.
-    back_to_back: enqueue the timed replays one after another (an event pair around each, one
-    synchronization at the end), so that each replay starts when the GPU finishes the previous one, as
-    on an engine's stream that never idles; otherwise each replay starts on an idle stream and its time
-    includes the host's launch of the graph (~5-7 us on the H200, shared by the graph's calls).
-    """
-    calls = rotate if rotate is not None else [fn]
+def capture_graph(calls, warmup: int = 3) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of the argument-free callables `calls`, in order, after `warmup` eager rounds on a side
+    stream (capture needs the lazy set-up of the first calls done outside it)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -53,20 +45,46 @@ def time_graph(fn, iters: int = 50, warmup: int = 5, rotate=None, back_to_back: 
     with torch.cuda.graph(g):
         for c in calls:
             c()
+    return g
+
+
+def median_back_to_back(run, iters: int, per: int = 1, before=None, skip_first: bool = False) -> float:
+    """Median microseconds (divided by `per`) of run(), enqueued `iters` times back to back with an event pair
+    around each and one synchronization at the end; before(), if given, is enqueued ahead of each pair.
+    skip_first: one more run whose time is left out (it starts on an idle stream)."""
+    n = iters + (1 if skip_first else 0)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    torch.cuda.synchronize()
+    for a, b in zip(starts, ends):
+        if before is not None:
+            before()
+        a.record()
+        run()
+        b.record()
+    torch.cuda.synchronize()
+    pairs = list(zip(starts, ends))[1 if skip_first else 0:]
+    times = sorted(a.elapsed_time(b) * 1000.0 / per for a, b in pairs)
+    return times[len(times) // 2]
+
+
+def time_graph(fn, iters: int = 50, warmup: int = 5, rotate=None, back_to_back: bool = False) -> float:
+    """Median microseconds per call of fn() replayed from a CUDA graph.
+
+    rotate: optional list of argument-free callables; when given, the graph captures one call per
+    entry (inputs rotated so that repeated calls do not measure the L2) and the time is per call.
+    back_to_back: enqueue the timed replays one after another (an event pair around each, one
+    synchronization at the end), so that each replay starts when the GPU finishes the previous one, as
+    on an engine's stream that never idles; otherwise each replay starts on an idle stream and its time
+    includes the host's launch of the graph (~5-7 us on the H200, shared by the graph's calls).
+    """
+    calls = rotate if rotate is not None else [fn]
+    g = capture_graph(calls, warmup)
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
     if back_to_back:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-        for a, b in zip(starts, ends):
-            a.record()
-            g.replay()
-            b.record()
-        torch.cuda.synchronize()
-        # the first replay starts on an idle stream: left out
-        times = sorted(a.elapsed_time(b) * 1000.0 / len(calls) for a, b in list(zip(starts, ends))[1:])
-        return times[len(times) // 2]
+        return median_back_to_back(g.replay, iters, per=len(calls), skip_first=True)
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -105,33 +123,11 @@ def time_flushed(fn, iters: int = 20, warmup: int = 3, graph: bool = True, flush
     timed call starts on an idle stream and includes the host's launch latency (~5-10 us for a prefill graph
     of a dozen nodes). graph: replay fn() from a CUDA graph (else call it eagerly, its host work included
     wherever it exceeds the memset)."""
-    run = fn
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(warmup):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        run = g.replay
+    run = capture_graph([fn], warmup).replay if graph else fn
     for _ in range(warmup):
         run()
     cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    torch.cuda.synchronize()
-    for a, b in zip(starts, ends):
-        cache.zero_()
-        a.record()
-        run()
-        b.record()
-    torch.cuda.synchronize()
-    times = sorted(a.elapsed_time(b) * 1000.0 for a, b in zip(starts, ends))
-    return times[len(times) // 2]
+    return median_back_to_back(run, iters, before=cache.zero_)
 
 
 def copy_ceiling_gbps(nbytes: int = 4 << 30) -> float:

@@ -65,8 +65,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ceilings, environment, main_guard, parse_variants, row, time_eager, time_flushed, time_graph,  # noqa: E402
-                    write_results)
+from common import (capture_graph, ceilings, environment, main_guard, parse_variants, row,  # noqa: E402
+                    time_eager, time_flushed, time_graph, write_results)
 from gpu_monitor import GpuMonitor  # noqa: E402
 
 import msa  # noqa: E402
@@ -339,14 +339,7 @@ def kernel_timeline(call, replays: int = 3) -> dict:
     import tempfile
     from torch.profiler import ProfilerActivity, profile
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        call()
+    g = capture_graph([call], warmup=1)
     g.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
