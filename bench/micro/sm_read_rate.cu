@@ -19,14 +19,7 @@
 #include <vector>
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
+#include "check.h"
 
 constexpr size_t kSlice = size_t(16) << 20;    // bytes per CTA
 constexpr int kSmemBytes = 200 * 1024;          // one CTA per SM

@@ -16,14 +16,7 @@
 #include <cstdlib>
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
+#include "check.h"
 
 #ifndef WGMMA_RATE_WARPGROUPS
 #define WGMMA_RATE_WARPGROUPS 2  // -DWGMMA_RATE_WARPGROUPS=3 or 4: more warpgroups issuing per SM
