@@ -100,6 +100,17 @@ __device__ __forceinline__ void wait_parity0(uint64_t* bar) {
   }
 }
 
+// The landing times of tiles 0 and 1 (their mbarriers' first phase), recorded by thread 0.
+__device__ __forceinline__ void wait_and_record(uint64_t* full, long long* out, long long t0, const char* tiles,
+                                                int* sink) {
+  wait_parity0(&full[0]);
+  const long long t1 = clock64();
+  wait_parity0(&full[1]);
+  const long long t2 = clock64();
+  record(out, t0, t1, t2);
+  if (reinterpret_cast<const int*>(tiles)[threadIdx.x] == 0x7fffffff) sink[0] = 1;
+}
+
 __global__ void __launch_bounds__(kThreads, 2) land_bulk_row(const char* kpool, const char* vpool, long long* out,
                                                              int* sink) {
   extern __shared__ __align__(128) char smem[];
@@ -128,12 +139,7 @@ __global__ void __launch_bounds__(kThreads, 2) land_bulk_row(const char* kpool, 
         "l"(src), "r"(kRowBytes), "r"(smem_addr(&full[x]))
         : "memory");
   }
-  wait_parity0(&full[0]);
-  const long long t1 = clock64();
-  wait_parity0(&full[1]);
-  const long long t2 = clock64();
-  record(out, t0, t1, t2);
-  if (reinterpret_cast<const int*>(smem)[tid] == 0x7fffffff) sink[0] = 1;
+  wait_and_record(full, out, t0, smem, sink);
 }
 
 // One 2-D TMA box per K or V half-tile: {64 dims (128 bytes, swizzled 128B), 64 keys} of the [slot][head][128]
@@ -169,12 +175,7 @@ __global__ void __launch_bounds__(kThreads, 2) land_tma_box(const __grid_constan
         }
     }
   }
-  wait_parity0(&full[0]);
-  const long long t1 = clock64();
-  wait_parity0(&full[1]);
-  const long long t2 = clock64();
-  record(out, t0, t1, t2);
-  if (reinterpret_cast<const int*>(tiles)[tid] == 0x7fffffff) sink[0] = 1;
+  wait_and_record(full, out, t0, tiles, sink);
 }
 
 // [slots][kHeads][128] bf16 as a 3-D map, box {64, 1, 64}, 128-byte swizzle.
