@@ -42,7 +42,7 @@ for stage in "$@"; do
       # libstdc++ statically, which crashed repr(msa.Plan) and every error message with a number until the
       # module hid those symbols; only the CPU tests exercise them).
       step "pytest $args"
-      python3 -m pytest -q -p no:cacheprovider ${args:-tests/python} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
+      python3 -m pytest -q -rs -p no:cacheprovider ${args:-tests/python} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
     demo|demo=*)
       dargs=${stage#demo}; dargs=${dargs#=}; tag=${dargs//[^a-z0-9]/_}
