@@ -76,3 +76,21 @@ def test_head_dim_v_defaults_to_head_dim():
 def test_empty_batch_is_rejected():
     with pytest.raises(ValueError, match="'qo_lens'"):
         msa.plan_prefill([], [], num_qo_heads=2, num_kv_heads=1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF dynamic symbols")
+def test_extension_keeps_its_static_archives_private():
+    """The module links libmsa, cudart and, with some toolchains, libstdc++ as static archives; none of their
+    symbols may be exported. With the H200 machine's compiler (static libstdc++) the module exported part of
+    libstdc++, and a process that had also loaded the system libstdc++ crashed in repr(msa.Plan) and in every
+    error message with a number (docs/architecture.md, Toolchains). Without LINKER:--exclude-libs,ALL the
+    core library's msa:: symbols show here on any toolchain."""
+    import shutil
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) not installed")
+    out = subprocess.run([nm, "-D", "-C", "--defined-only", msa._C.__file__], capture_output=True, text=True,
+                         check=True).stdout
+    leaked = [line for line in out.splitlines() if "msa::" in line or "std::locale" in line]
+    assert not leaked, leaked[:5]
