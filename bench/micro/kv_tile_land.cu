@@ -100,6 +100,24 @@ __device__ __forceinline__ void wait_parity0(uint64_t* bar) {
   }
 }
 
+// Thread 0 initializes the two tiles' mbarriers; after the CTA's barrier, the start clock, and thread 0 arms both
+// for their K and V bytes.
+__device__ __forceinline__ long long start_tiles(uint64_t* full) {
+  if (threadIdx.x == 0) {
+    for (int x = 0; x < 2; ++x) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&full[x])));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const long long t0 = clock64();
+  if (threadIdx.x == 0) {
+    for (int x = 0; x < 2; ++x)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(&full[x])),
+                   "r"(2 * kTileKeys * kRowBytes)
+                   : "memory");
+  }
+  return t0;
+}
+
 // The landing times of tiles 0 and 1 (their mbarriers' first phase), recorded by thread 0.
 __device__ __forceinline__ void wait_and_record(uint64_t* full, long long* out, long long t0, const char* tiles,
                                                 int* sink) {
@@ -117,18 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2) land_bulk_row(const char* kpool, 
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + 2 * 2 * kTileKeys * kPadRowBytes);
   const int tid = threadIdx.x, row = tid & 63, is_v = tid >> 6;
   const size_t base = block_offset();
-  if (tid == 0) {
-    for (int x = 0; x < 2; ++x) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&full[x])));
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  const long long t0 = clock64();
-  if (tid == 0) {
-    for (int x = 0; x < 2; ++x)
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(&full[x])),
-                   "r"(2 * kTileKeys * kRowBytes)
-                   : "memory");
-  }
+  const long long t0 = start_tiles(full);
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int key = x * kTileKeys + row;
@@ -152,17 +159,9 @@ __global__ void __launch_bounds__(kThreads, 2) land_tma_box(const __grid_constan
   uint64_t* full = reinterpret_cast<uint64_t*>(tiles + 2 * 2 * kTileKeys * kRowBytes);
   const int tid = threadIdx.x;
   const int block = (blockIdx.x * 37) % kBlocks, head = blockIdx.x % kHeads;
-  if (tid == 0) {
-    for (int x = 0; x < 2; ++x) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&full[x])));
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  const long long t0 = clock64();
+  const long long t0 = start_tiles(full);
   if (tid == 0) {
     for (int x = 0; x < 2; ++x) {
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(&full[x])),
-                   "r"(2 * kTileKeys * kRowBytes)
-                   : "memory");
       for (int kv = 0; kv < 2; ++kv)
         for (int half = 0; half < 2; ++half) {
           const uint32_t dst = smem_addr(tiles) + ((x * 2 + kv) * 2 + half) * kTileKeys * 128;
