@@ -242,7 +242,7 @@ std::string describe(const PrefillState& s) {
   std::string out = std::string("sm90=prefill tiles=") + std::to_string(s.num_tiles) + " kvmajor=" + rule;
   if (s.rule != KvMajorRule::kNever)
     out += " windows=" + std::to_string(s.num_windows) + " window_tiles=" + std::to_string(s.window_tiles) +
-           (s.fork ? " concurrent=1" : " concurrent=0");
+           (s.fork ? " concurrent" : "");
   return out;
 }
 
