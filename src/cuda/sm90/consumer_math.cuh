@@ -23,10 +23,12 @@ namespace msa::detail::cuda::sm90 {
 // S = Q K^T over D = 128: 8 k-steps, 4 per 64-dim half (32 B apart inside a swizzle atom).
 template <bool kBf16>
 __device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t q_addr, uint32_t k_addr) {
+  const uint32_t q_lo = smem_desc_lo(q_addr, 16), k_lo = smem_desc_lo(k_addr, 16);
+  constexpr uint32_t hi = smem_desc_hi(1024);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     const uint32_t off = (kk / 4) * kHalfTileBytes + (kk % 4) * 32;
-    mma_ss<kBf16>(sc, smem_desc(q_addr + off, 16, 1024), smem_desc(k_addr + off, 16, 1024), kk > 0);
+    mma_ss<kBf16>(sc, smem_desc_at(q_lo, hi, off), smem_desc_at(k_lo, hi, off), kk > 0);
   }
   wgmma_commit();
 }
@@ -35,10 +37,11 @@ __device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t q_addr, uint3
 // halves of V are the two MN atoms of N = 128 (LBO = 16 KiB apart).
 template <bool kBf16>
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pf)[32], uint32_t v_addr) {
+  const uint32_t v_lo = smem_desc_lo(v_addr, kHalfTileBytes);
+  constexpr uint32_t hi = smem_desc_hi(1024);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
-    mma_rs_acc<kBf16>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3],
-                      smem_desc(v_addr + kk * 2048, kHalfTileBytes, 1024));
+    mma_rs_acc<kBf16>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], smem_desc_at(v_lo, hi, kk * 2048));
   }
   wgmma_commit();
 }

@@ -257,8 +257,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
     for (int h = 0; h < 2; ++h) {
       l[h] += __shfl_xor_sync(~0u, l[h], 1);
       l[h] += __shfl_xor_sync(~0u, l[h], 2);
-      const int64_t row = static_cast<int64_t>(jb.entry[h]) * group + head_in_group[h];
-      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      const float inv = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
       if (p.tma_store) {
         uint8_t* dst = part_stage + (g + 8 * h) * 128 + 4 * t;
 #pragma unroll
@@ -266,12 +265,12 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
           *reinterpret_cast<uint32_t*>(dst + (j / 8) * (kHalfTileBytes / kConsumerWarpgroups) + (((j % 8) ^ g) << 4)) =
               pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
       } else if (jb.entry[h] >= 0) {
+        const int64_t row = static_cast<int64_t>(jb.entry[h]) * group + head_in_group[h];
         Elem* dst = part_o + row * kHeadDim + 2 * t;
 #pragma unroll
         for (int j = 0; j < 16; ++j)
           *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
       }
-      if (t == 0 && jb.entry[h] >= 0) part_lse[row] = l[h] > 0.f ? m[h] + __log2f(l[h]) : -INFINITY;
     }
     if (p.tma_store) {
       fence_generic_to_async();
@@ -288,6 +287,15 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
         }
         bulk_commit();
       }
+    }
+    // The lse after the fence above: fence.proxy.async is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC in SASS,
+    // and the membar waited for this global store when it came first.
+    if (t == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (jb.entry[h] >= 0)
+          part_lse[static_cast<int64_t>(jb.entry[h]) * group + head_in_group[h]] =
+              l[h] > 0.f ? m[h] + fast_log2(l[h]) : -INFINITY;
     }
   };
 

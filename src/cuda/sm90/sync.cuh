@@ -98,4 +98,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 1 / x and log2(x) on the SFU, one instruction each, for a softmax sum (x in [1, keys] when a key is
+// visible): `1.f / x` compiles to a full division with a slow-path call, `__log2f` adds a denormal
+// fix-up. rcp.approx.ftz: relative error <= 2^-23; lg2.approx.ftz: absolute error ~2^-22.
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace msa::detail::cuda::sm90

@@ -26,6 +26,23 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo_b
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// The same descriptor as two 32-bit words, for a loop of k-steps over one tile: the low word (start
+// address, LBO) is formed once per tile and a k-step adds its byte offset >> 4 to it, as CUTLASS's
+// descriptor iterator does; the high word (SBO, swizzle) is a constant. The start-address field
+// cannot carry into the LBO field: shared addresses stay below 228 KiB, so (address + offset) >> 4
+// < 2^14. Built per k-step with smem_desc, each of the two descriptors of an HGMMA cost ~6
+// instructions (AND, shift, OR, moves to uniform registers: ~13 per HGMMA in the KV-major kernel's
+// SASS, ~100 per consumer warp and job of its 1250 under ncu).
+__device__ __forceinline__ uint32_t smem_desc_lo(uint32_t smem_addr, uint32_t lbo_bytes) {
+  return ((smem_addr & 0x3FFFF) >> 4) | (((lbo_bytes >> 4) & 0x3FFF) << 16);
+}
+__device__ __forceinline__ constexpr uint32_t smem_desc_hi(uint32_t sbo_bytes) {
+  return ((sbo_bytes >> 4) & 0x3FFF) | (1u << 30);
+}
+__device__ __forceinline__ uint64_t smem_desc_at(uint32_t lo, uint32_t hi, uint32_t offset_bytes) {
+  return (static_cast<uint64_t>(hi) << 32) | (lo + (offset_bytes >> 4));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
