@@ -206,7 +206,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   // kv_len, or all of an invalid page's: 0 * NaN), then its Q tiles one by one.
   uint32_t item_it = 0, q_it = 0, kb = 0;
   int32_t jobs_left = 0, item_valid = 0;
-  int64_t key0 = 0;
+  int32_t key0 = 0;  // block * 128 <= kv_len: 32 bits
   SeqView seq{};
   auto next_job = [&](KvJob& jb) -> bool {
     while (jobs_left == 0) {
@@ -217,10 +217,10 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
       const KvItemInfo info = s.item[kb];
       if (info.item < 0) return false;
       seq = SeqView{info.qo_start, info.qo_len, info.kv_len, info.offset};
-      key0 = static_cast<int64_t>(info.block) * kBlockKeys;
+      key0 = info.block * kBlockKeys;
       item_valid = info.valid;
-      const int64_t first_bad = info.valid ? info.kv_len - key0 : 0;
-      if (first_bad < kBlockKeys) zero_v_rows(s.v[kb], static_cast<int32_t>(first_bad));
+      const int32_t first_bad = info.valid ? info.kv_len - key0 : 0;
+      if (first_bad < kBlockKeys) zero_v_rows(s.v[kb], first_bad);
       jobs_left = (info.count + tile_tokens - 1) / tile_tokens;  // >= 1: kv_producer skips empty items
     }
     const uint32_t qs = q_it % kKvQStages, qph = (q_it / kKvQStages) & 1;
@@ -233,7 +233,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
       const int32_t token = live ? s.qinfo[qs].token[slot[h]] : 0;
       jb.entry[h] = live ? s.qinfo[qs].entry[slot[h]] : -1;
       const int32_t kv_end = live ? visible_key_end(seq, token - seq.qo_start, p.causal) : 0;
-      jb.lim[h] = item_valid ? static_cast<int32_t>(clamp64(kv_end - key0, 0, kBlockKeys)) : 0;
+      jb.lim[h] = item_valid ? min(max(kv_end - key0, 0), kBlockKeys) : 0;  // both in [0, 2^31)
     }
     jb.qs = qs;
     jb.kb = kb;
@@ -246,30 +246,44 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   // stores have read it) and lane 0 stores them with one TMA box per token and 64-dim half: rows
   // of one token are contiguous in part_o (row = entry * G + head), 16 rows of one token a warp
   // when G >= 16, two tokens of 8 when G = 8.
-  const int warp = tid >> 5, g = lane >> 2;
+  const int warp = tid >> 5;
   uint8_t* part_stage = s.part[wg] + warp * 16 * 128;  // + 8 KiB for dims 64..127
+  // stmatrix addresses: lane 8i + r writes row r of matrix i = (h = i & 1, column chunk 2q + (i >> 1))
+  // of step q, i.e. warp row r + 8h, 16-byte chunk (2q + (i >> 1)) ^ r in the 128B swizzle; chunk bit 0
+  // is i >> 1 and bits 1-2 are q's, so the lane's chunk is ((i >> 1) ^ r) ^ 2q.
+  const uint32_t st_row = smem_u32(part_stage) + ((lane & 7) + 8 * ((lane >> 3) & 1)) * 128;
+  const uint32_t st_chunk = (((lane >> 4) ^ (lane & 7)) << 4);
   auto store_partials = [&](const float (&o)[64], const float (&m)[2], float (&l)[2], const KvJob& jb) {
     if (p.tma_store) {
       if (lane == 0) bulk_wait_read();
       __syncwarp();
     }
+    float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       l[h] += __shfl_xor_sync(~0u, l[h], 1);
       l[h] += __shfl_xor_sync(~0u, l[h], 2);
-      const float inv = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
-      if (p.tma_store) {
-        uint8_t* dst = part_stage + (g + 8 * h) * 128 + 4 * t;
+      inv[h] = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
+    }
+    if (p.tma_store) {  // 8 stmatrix of 4 matrices (two column chunks x the warp's two 8-row halves)
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
-          *reinterpret_cast<uint32_t*>(dst + (j / 8) * (kHalfTileBytes / kConsumerWarpgroups) + (((j % 8) ^ g) << 4)) =
-              pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-      } else if (jb.entry[h] >= 0) {
+      for (int q = 0; q < 8; ++q) {
+        const uint32_t addr = st_row + (q / 4) * (kHalfTileBytes / kConsumerWarpgroups) + (st_chunk ^ (32 * (q % 4)));
+        stmatrix_x4(addr, pack2<kBf16>(o[8 * q] * inv[0], o[8 * q + 1] * inv[0]),
+                    pack2<kBf16>(o[8 * q + 2] * inv[1], o[8 * q + 3] * inv[1]),
+                    pack2<kBf16>(o[8 * q + 4] * inv[0], o[8 * q + 5] * inv[0]),
+                    pack2<kBf16>(o[8 * q + 6] * inv[1], o[8 * q + 7] * inv[1]));
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (jb.entry[h] < 0) continue;
         const int64_t row = static_cast<int64_t>(jb.entry[h]) * group + head_in_group[h];
         Elem* dst = part_o + row * kHeadDim + 2 * t;
 #pragma unroll
         for (int j = 0; j < 16; ++j)
-          *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+              pack2<kBf16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
       }
     }
     if (p.tma_store) {

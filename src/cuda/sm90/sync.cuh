@@ -98,6 +98,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Four 8x8 b16 matrices from the mma accumulator layout to shared memory (lane 8i + r gives the
+// address of row r of matrix i; register i holds lane's pair of matrix i). CCCL has no wrapper.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // 1 / x and log2(x) on the SFU, one instruction each, for a softmax sum (x in [1, keys] when a key is
 // visible): `1.f / x` compiles to a full division with a slow-path call, `__log2f` adds a denormal
 // fix-up. rcp.approx.ftz: relative error <= 2^-23; lg2.approx.ftz: absolute error ~2^-22.

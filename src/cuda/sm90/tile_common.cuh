@@ -31,12 +31,14 @@ __device__ __forceinline__ SeqView load_seq(const SeqParams& s, int b) {
   return v;
 }
 
-// Keys [0, kv_hi) are visible to the query at index i of the request (before block selection).
+// Keys [0, kv_hi) are visible to the query at index i of the request (before block selection):
+// min(kv_len, max(offset + i + 1, 0)) in 32 bits, offset + i + 1 formed only below kv_len (kv_len >= 0
+// and 0 <= i, so kv_len - i - 1 cannot overflow; per job in the KV-major consumers, where the 64-bit
+// clamp took ~20 instructions a row).
 __device__ __forceinline__ int32_t visible_key_end(const SeqView& v, int32_t i, bool causal) {
   if (i < 0 || i >= v.qo_len) return 0;
   if (!causal) return v.kv_len;
-  const int64_t hi = static_cast<int64_t>(v.offset) + i + 1;
-  return static_cast<int32_t>(clamp64(hi, 0, v.kv_len));
+  return v.offset >= v.kv_len - i - 1 ? v.kv_len : max(v.offset + i + 1, 0);
 }
 
 __device__ __forceinline__ int32_t num_kv_blocks(int32_t kv_len) {
