@@ -177,6 +177,15 @@ def test_fp16(rng, pattern):
     check(plan_for(prob), prob)
 
 
+@pytest.mark.parametrize("group", [16, 8])
+def test_fp16_kvmajor(rng, monkeypatch, group):
+    """fp16 through the KV-major kernel and the merge (test_fp16's problem is too short for auto to pick it:
+    7 blocks, all selected): the fp16 instantiation's P and partial packing, its stmatrix staging, and
+    several windows."""
+    prob = problem(rng, [300, 70], [2200, 70], group=group, pattern="random", dtype="fp16")
+    check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
+
+
 @pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
 def test_repeated_runs_are_bitwise_equal(rng, monkeypatch, mode):
     """The KV-major lists are built with atomics (any order); results must not depend on it."""
