@@ -21,18 +21,13 @@ namespace msa::detail::cuda::sm90 {
 //    address bits, which is why tiles are 1024-aligned).
 //  MN-major, 128B swizzle: LBO = distance between 64-element atoms along MN, SBO = 1024 (next
 //    8 rows along K).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-// The same descriptor as two 32-bit words, for a loop of k-steps over one tile: the low word (start
-// address, LBO) is formed once per tile and a k-step adds its byte offset >> 4 to it, as CUTLASS's
-// descriptor iterator does; the high word (SBO, swizzle) is a constant. The start-address field
-// cannot carry into the LBO field: shared addresses stay below 228 KiB, so (address + offset) >> 4
-// < 2^14. Built per k-step with smem_desc, each of the two descriptors of an HGMMA cost ~6
-// instructions (AND, shift, OR, moves to uniform registers: ~13 per HGMMA in the KV-major kernel's
-// SASS, ~100 per consumer warp and job of its 1250 under ncu).
+// Kept as two 32-bit words for a loop of k-steps over one tile: the low word (start address, LBO) is
+// formed once per tile and a k-step adds its byte offset >> 4 to it, as CUTLASS's descriptor iterator
+// does; the high word (SBO, swizzle) is a constant. The start-address field cannot carry into the LBO
+// field: shared addresses stay below 228 KiB, so (address + offset) >> 4 < 2^14. Rebuilt whole per
+// k-step (before 6327d4c), each of the two 64-bit descriptors of an HGMMA cost ~6 instructions (AND,
+// shift, OR, moves to uniform registers: ~13 per HGMMA in the KV-major kernel's SASS, ~100 per consumer
+// warp and job of its ~1250 under ncu).
 __device__ __forceinline__ uint32_t smem_desc_lo(uint32_t smem_addr, uint32_t lbo_bytes) {
   return ((smem_addr & 0x3FFFF) >> 4) | (((lbo_bytes >> 4) & 0x3FFF) << 16);
 }
