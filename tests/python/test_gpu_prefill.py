@@ -177,15 +177,6 @@ def test_fp16(rng, pattern):
     check(plan_for(prob), prob)
 
 
-@pytest.mark.parametrize("group", [16, 8])
-def test_fp16_kvmajor(rng, monkeypatch, group):
-    """fp16 through the KV-major kernel and the merge (test_fp16's problem is too short for auto to pick it:
-    7 blocks, all selected): the fp16 instantiation's P and partial packing, its stmatrix staging, and
-    several windows."""
-    prob = problem(rng, [300, 70], [2200, 70], group=group, pattern="random", dtype="fp16")
-    check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
-
-
 @pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
 def test_repeated_runs_are_bitwise_equal(rng, monkeypatch, mode):
     """The KV-major lists are built with atomics (any order); results must not depend on it."""
@@ -289,11 +280,16 @@ def test_kvmajor_partial_stores(rng, monkeypatch, tma_store, group, num_kv_heads
     check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
 
 
-@pytest.mark.parametrize("group,num_kv_heads,topk", [(16, 2, 16), (8, 2, 16), (16, 2, 64)])
-def test_kv_merge_groups_and_topk(rng, monkeypatch, group, num_kv_heads, topk):
-    """The KV-major merge (two rows in flight per warp) at G = 16 and 8, top-16 and top-64 (its chunked
-    path): several windows, a causal head with -1 slots."""
-    prob = problem(rng, [300, 70], [2200, 70], group=group, num_kv_heads=num_kv_heads, topk=topk, pattern="random")
+# The bf16 ids are the ones these cases always had (the rng is seeded from the test id).
+@pytest.mark.parametrize("group,num_kv_heads,topk,dtype", [(16, 2, 16, "bf16"), (8, 2, 16, "bf16"), (16, 2, 64, "bf16"),
+                                                           (16, 2, 16, "fp16"), (8, 2, 16, "fp16")],
+                         ids=["16-2-16", "8-2-16", "16-2-64", "16-2-16-fp16", "8-2-16-fp16"])
+def test_kv_merge_groups_and_topk(rng, monkeypatch, group, num_kv_heads, topk, dtype):
+    """The KV-major kernel and merge (two rows in flight per warp) at G = 16 and 8, top-16 and top-64 (its
+    chunked path), bf16 and fp16 (test_fp16's problem is too short for auto to pick KV-major): several
+    windows, a causal head with -1 slots."""
+    prob = problem(rng, [300, 70], [2200, 70], group=group, num_kv_heads=num_kv_heads, topk=topk, pattern="random",
+                   dtype=dtype)
     check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
 
 
