@@ -36,7 +36,14 @@ struct KvQInfo {
   int32_t count;
   int32_t token[kKvMaxTileTokens];
   int32_t entry[kKvMaxTileTokens];
+  int32_t lim[kKvMaxTileTokens];  // keys of the item's block visible to the token (0..128; 0: invalid page)
 };
+
+// Q tiles (and consumer jobs) of an item of `count` tokens: 128 / G tokens a tile, a power of two.
+static_assert(kTileRows == 128, "tiles_of shifts by log2(kTileRows) = 7");
+__device__ __forceinline__ int32_t tiles_of(int32_t count, int32_t group_shift) {
+  return (count + (kTileRows >> group_shift) - 1) >> (7 - group_shift);
+}
 
 struct alignas(1024) KvMajorSmem {
   uint8_t q[kKvQStages][kTileBytes];
@@ -128,9 +135,16 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
     barrier_wait(&s.ahead_full, item_it & 1);
     const KvItemInfo& rec = s.item[item_it % kKvBlockStages];
     const int32_t item = rec.item, start = rec.start, count = rec.count, kv_head = rec.kv_head;
+    // Each token's key limit goes into qinfo, so that the consumers read it instead of computing it:
+    // lim = clamp(visible_key_end - key0, 0, 128), i.e. clamp(token + d, 0, cap) with d and cap formed
+    // here (from the record, before this lane's ahead_go arrival, like the fields above; two values,
+    // since the producer runs at 40 registers). The lists hold tokens of the item's request only.
+    const int32_t key0 = rec.block * kBlockKeys;
+    const int64_t d = p.causal ? static_cast<int64_t>(rec.offset) + 1 - rec.qo_start - key0 : int64_t{1} << 40;
+    const int32_t cap = rec.valid ? max(min(rec.kv_len - key0, kBlockKeys), 0) : 0;
     const int2 first = s.ahead[lane];
     if (item < 0) break;
-    const int32_t ntiles = (count + tile_tokens - 1) / tile_tokens;
+    const int32_t ntiles = tiles_of(count, p.group_shift);
     // Each lane's arrival on ahead_go (after its own reads above) lets the scheduler claim the next item.
     const int32_t trigger = max(ntiles - kTileLookaheadBlocks, 0);
     for (int32_t q = 0; q < ntiles; ++q, ++q_it) {
@@ -142,12 +156,15 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
         if (lane < n) pr = pairs[start + q * tile_tokens + lane];
       }
       if (q == trigger) barrier_arrive(&s.ahead_go);
+      const int32_t my_lim = lane < n ? static_cast<int32_t>(clamp64(pr.x + d, 0, cap)) : 0;
       if (lane == 0) barrier_wait(&s.q_empty[qs], qph ^ 1);
       for (int32_t j = 0; j < n; ++j) {  // lane 0 writes everything it then releases
         const int32_t token = __shfl_sync(~0u, pr.x, j), entry = __shfl_sync(~0u, pr.y, j);
+        const int32_t lim = __shfl_sync(~0u, my_lim, j);
         if (lane == 0) {
           s.qinfo[qs].token[j] = token;
           s.qinfo[qs].entry[j] = entry;
+          s.qinfo[qs].lim[j] = lim;
         }
       }
       if (lane == 0) {
@@ -185,7 +202,6 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   const int lane = tid & 31;
   const int t = lane & 3;
   const int32_t group = 1 << p.group_shift;
-  const int32_t tile_tokens = kTileRows >> p.group_shift;
   int32_t slot[2], head_in_group[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -205,9 +221,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   // The job stream. A new item: wait for its K/V, zero the V rows that must not enter PV (past
   // kv_len, or all of an invalid page's: 0 * NaN), then its Q tiles one by one.
   uint32_t item_it = 0, q_it = 0, kb = 0;
-  int32_t jobs_left = 0, item_valid = 0;
-  int32_t key0 = 0;  // block * 128 <= kv_len: 32 bits
-  SeqView seq{};
+  int32_t jobs_left = 0;
   auto next_job = [&](KvJob& jb) -> bool {
     while (jobs_left == 0) {
       kb = item_it % kKvBlockStages;
@@ -216,12 +230,9 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
       barrier_wait(&s.kv_full[kb], kph);
       const KvItemInfo info = s.item[kb];
       if (info.item < 0) return false;
-      seq = SeqView{info.qo_start, info.qo_len, info.kv_len, info.offset};
-      key0 = info.block * kBlockKeys;
-      item_valid = info.valid;
-      const int32_t first_bad = info.valid ? info.kv_len - key0 : 0;
+      const int32_t first_bad = info.valid ? info.kv_len - info.block * kBlockKeys : 0;  // block * 128 <= kv_len
       if (first_bad < kBlockKeys) zero_v_rows(s.v[kb], first_bad);
-      jobs_left = (info.count + tile_tokens - 1) / tile_tokens;  // >= 1: kv_producer skips empty items
+      jobs_left = tiles_of(info.count, p.group_shift);  // >= 1: kv_producer skips empty items
     }
     const uint32_t qs = q_it % kKvQStages, qph = (q_it / kKvQStages) & 1;
     ++q_it;
@@ -230,10 +241,8 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool live = slot[h] < n;
-      const int32_t token = live ? s.qinfo[qs].token[slot[h]] : 0;
       jb.entry[h] = live ? s.qinfo[qs].entry[slot[h]] : -1;
-      const int32_t kv_end = live ? visible_key_end(seq, token - seq.qo_start, p.causal) : 0;
-      jb.lim[h] = item_valid ? min(max(kv_end - key0, 0), kBlockKeys) : 0;  // both in [0, 2^31)
+      jb.lim[h] = live ? s.qinfo[qs].lim[slot[h]] : 0;  // the producer's (kv_producer)
     }
     jb.qs = qs;
     jb.kb = kb;
