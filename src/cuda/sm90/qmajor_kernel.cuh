@@ -325,14 +325,16 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       if (rw.qi[h] >= ti.qo_len) continue;
       const int64_t tok = static_cast<int64_t>(ti.qo_start) + rw.qi[h];
       const int64_t head = static_cast<int64_t>(ti.kv_head) * group + head_in_group[h];
-      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      // l >= 1 when a key is visible (the row max weighs 1): the SFU's 1/l and log2 (sync.cuh), not the
+      // IEEE division's slow-path call, on the path from a tile's last PV to the next tile.
+      const float inv = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
       Elem* dst = static_cast<Elem*>(p.o) + tok * p.o_stride_token + head * p.o_stride_head + 2 * t;
 #pragma unroll
       for (int j = 0; j < 16; ++j)
         *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
       if (p.lse != nullptr && t == 0)
         p.lse[tok * p.lse_stride_token + head * p.lse_stride_head] =
-            l[h] > 0.f ? (m[h] + __log2f(l[h])) * 0.69314718055994531f : -INFINITY;
+            l[h] > 0.f ? (m[h] + fast_log2(l[h])) * 0.69314718055994531f : -INFINITY;
     }
   };
   auto reset = [&] {
