@@ -290,49 +290,49 @@ __global__ void __launch_bounds__(kEntryThreads) kv_fill_kernel(KvListParams p) 
   }
 }
 
-// 4 consecutive elements (8 bytes) <-> float4.
+// 8 consecutive elements (16 bytes) <-> 8 floats. bf16 -> f32 is a shift of each half into the high
+// bits (one integer op an element).
 template <typename Elem>
-__device__ __forceinline__ float4 unpack4(uint2 raw) {
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    return make_float4(a.x, a.y, b.x, b.y);
-  } else {
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
-    return make_float4(a.x, a.y, b.x, b.y);
+__device__ __forceinline__ void unpack8(uint4 raw, float (&x)[8]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+      x[2 * i] = __uint_as_float(w[i] << 16);
+      x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      x[2 * i] = a.x;
+      x[2 * i + 1] = a.y;
+    }
   }
 }
 
 template <typename Elem>
-__device__ __forceinline__ void store4(Elem* p, float4 v) {
-  uint2 raw;
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
   if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-    raw = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
   } else {
-    const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
-    raw = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
   }
-  *reinterpret_cast<uint2*>(p) = raw;
 }
 
-// Slots of a row whose partials are loaded before any is used: the merge reads ~8.6 GB at M3-TP1
-// P-32K `random`, and one 256-byte row read at a time per warp (a dependent chain of 16 loads per
-// row) left it latency-bound; 16 loads in flight per warp make it bandwidth-bound.
+// A warp merges the rows of two heads of one token at a time: lanes 0-15 the first head, 16-31 the
+// second, lane l dims 8 (l % 16) .. + 7, so each partial row is one 16-byte load a lane and the 16 slots'
+// weights are one lse a lane. The merge is bound by its instructions, not by the HBM: M3-TP4 P-chunk
+// `random` under ncu, 44.1 M warp instructions (673 a row, 42 a slot: 64-bit addresses, shuffles, and
+// conversions of 8 bytes at a time) kept the issue slots 63% busy and the HBM at 67% (90 us); this form
+// needs ~18 a slot for twice the bytes: 76 us, issue 37% busy, HBM 79% (same ncu section set; in graph
+// replay the call went 280-282 -> 277-279 us, M3-TP1 P-chunk `random` 925-928 -> 916). All loads of a pair (slot ranks, lse values, the first
+// kMergeSlots partial rows: 8 KB a warp) are issued before any is used, one round trip a pair. Partial
+// rows of slots without a partial are read too (they lie inside the window's buffer) but never used: a
+// slot of weight 0 is skipped, not multiplied, so garbage there cannot reach the sum; sums are taken in
+// slot order, so the result does not depend on timing.
 constexpr int kMergeSlots = 16;
-static_assert(kMaxTopk <= 64 && kMaxTopk % kMergeSlots == 0, "a merge warp holds 64 slots' lse in two registers");
-
-// A warp merges kMergeRowsInFlight (token, head) rows at a time, and issues every load of them (slot
-// ranks, lse values, the first kMergeSlots partial rows) before it uses any: one round trip per pair of
-// rows, 8 KB in flight per warp. The first merge read a row in three dependent round trips (ranks, then
-// the lse of the ranked slots, then the rows of the weighted slots), one row after the other, and moved
-// the 8.6 GB of M3-TP1 P-32K `random` at 2.8 TB/s; this one took that workload from 230.4 to 260.2
-// TFLOP/s, P-chunk from 197.8 to 238.2 (bench/results/prefill-20261129-f6c2538-merge-variants.md, same
-// run, bitwise equal outputs). Partial rows of slots without a partial are read too (they lie inside the
-// window's buffer) but never used: a slot of weight 0 is skipped, not multiplied, so garbage there can
-// not reach the sum; sums are taken in slot order, so the result does not depend on timing.
-constexpr int kMergeRowsInFlight = 2;
+static_assert(kMaxTopk <= 4 * kMergeSlots && kMaxTopk % kMergeSlots == 0, "a lane holds <= 4 slots' lse");
+static_assert(kKvMinGroup % 2 == 0, "a merge warp takes two heads of one token");
 
 template <typename Elem>
 __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local_tile) {
@@ -342,92 +342,96 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
   const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
   const SeqView v = load_seq(p.seqs, c.request);
   const int32_t group = 1 << p.group_shift;
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, half = lane >> 4, sub = lane & 15;
   const int64_t slot_stride = static_cast<int64_t>(group) * kHeadDim;
-  constexpr int kWarps = kMergeThreads / 32;
-  constexpr int R = kMergeRowsInFlight;
-  for (int r0 = threadIdx.x >> 5; r0 < kTileRows; r0 += kWarps * R) {
-    bool valid[R];
-    int32_t rank_lo[R], rank_hi[R], head[R], qi[R];
-    float lse_lo[R], lse_hi[R];
-    int64_t local0[R];
-    uint2 raw[R][kMergeSlots];
+  const int32_t topk = L.topk;
+  constexpr int kWarps = kMergeThreads / 32, kPasses = kMaxTopk / kMergeSlots;
+  for (int pair = threadIdx.x >> 5; pair < kTileRows / 2; pair += kWarps) {
+    const int r = 2 * pair + half;
+    const int32_t i = r >> p.group_shift;  // the same token in both halves (group even)
+    const int32_t head = r & (group - 1);
+    const int32_t qi = c.chunk * p.sched.tile_tokens + i;
+    if (qi >= v.qo_len) break;  // warp-uniform; later pairs hold later tokens
+    const int64_t entry0 = static_cast<int64_t>(tile) * L.list_capacity + i * topk;
+    const int64_t local0 = static_cast<int64_t>(local_tile) * L.list_capacity + i * topk;
+    const Elem* src = static_cast<const Elem*>(L.part_o) + (local0 * group + head) * kHeadDim + 8 * sub;
+    uint4 raw[kMergeSlots];
 #pragma unroll
-    for (int k = 0; k < R; ++k) {  // issue every load of the R rows
-      const int r = r0 + k * kWarps;
-      const int32_t i = r >> p.group_shift;
-      head[k] = r & (group - 1);
-      qi[k] = c.chunk * p.sched.tile_tokens + i;
-      valid[k] = r < kTileRows && qi[k] < v.qo_len;  // warp-uniform
-      const int64_t entry0 = static_cast<int64_t>(tile) * L.list_capacity + i * L.topk;
-      local0[k] = static_cast<int64_t>(local_tile) * L.list_capacity + i * L.topk;
-      rank_lo[k] = rank_hi[k] = -1;
-      lse_lo[k] = lse_hi[k] = -INFINITY;
-      if (!valid[k]) continue;
-      if (lane < L.topk) {
-        rank_lo[k] = L.entry_rank[entry0 + lane];
-        lse_lo[k] = L.part_lse[(local0[k] + lane) * group + head[k]];
-      }
-      if (lane + 32 < L.topk) {
-        rank_hi[k] = L.entry_rank[entry0 + lane + 32];
-        lse_hi[k] = L.part_lse[(local0[k] + lane + 32) * group + head[k]];
-      }
-      const Elem* src = static_cast<const Elem*>(L.part_o) + (local0[k] * group + head[k]) * kHeadDim + 4 * lane;
+    for (int j = 0; j < kMergeSlots; ++j)
+      raw[j] = j < topk ? *reinterpret_cast<const uint4*>(src + j * slot_stride) : make_uint4(0u, 0u, 0u, 0u);
+    // Lane sub of each half weighs slots sub, sub + 16, ... of its head (exp2 of lse - max).
+    float w[kPasses];
+    bool ranked[kPasses];
 #pragma unroll
-      for (int j = 0; j < kMergeSlots; ++j)
-        raw[k][j] = j < L.topk ? *reinterpret_cast<const uint2*>(src + j * slot_stride) : make_uint2(0u, 0u);
+    for (int q = 0; q < kPasses; ++q) {
+      const int32_t sl = q * kMergeSlots + sub;
+      ranked[q] = sl < topk && L.entry_rank[entry0 + sl] >= 0;
+      w[q] = ranked[q] ? L.part_lse[(local0 + sl) * group + head] : -INFINITY;
     }
+    float mx = w[0];
 #pragma unroll
-    for (int k = 0; k < R; ++k) {
-      if (!valid[k]) continue;
-      // Lane l weighs slots l and l + 32 (exp2 of lse - max); the sums take them by shuffle.
-      float w_lo = rank_lo[k] >= 0 ? lse_lo[k] : -INFINITY, w_hi = rank_hi[k] >= 0 ? lse_hi[k] : -INFINITY;
-      float mx = fmaxf(w_lo, w_hi);
+    for (int q = 1; q < kPasses; ++q) mx = fmaxf(mx, w[q]);
 #pragma unroll
-      for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, d));
-      const float base = mx == -INFINITY ? 0.f : mx;
-      w_lo = fast_exp2(w_lo - base);  // -inf -> 0
-      w_hi = fast_exp2(w_hi - base);
-      const Elem* src = static_cast<const Elem*>(L.part_o) + (local0[k] * group + head[k]) * kHeadDim + 4 * lane;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      float wsum = 0.f;
-      for (int s0 = 0; s0 < L.topk; s0 += kMergeSlots) {
-        if (s0 > 0) {  // top-k above kMergeSlots: the further slots, a chunk at a time
+    for (int d = 8; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, d));
+    const float base = mx == -INFINITY ? 0.f : mx;
 #pragma unroll
-          for (int j = 0; j < kMergeSlots; ++j)
-            raw[k][j] = s0 + j < L.topk ? *reinterpret_cast<const uint2*>(src + (s0 + j) * slot_stride)
-                                        : make_uint2(0u, 0u);
+    for (int q = 0; q < kPasses; ++q) w[q] = fast_exp2(w[q] - base);  // -inf -> 0
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float wsum = 0.f;
+#pragma unroll
+    for (int q = 0; q < kPasses; ++q) {
+      if (q * kMergeSlots >= topk) break;
+      if (q > 0) {  // top-k above kMergeSlots: the further slots, a pass at a time
+#pragma unroll
+        for (int j = 0; j < kMergeSlots; ++j) {
+          const int32_t sl = q * kMergeSlots + j;
+          raw[j] = sl < topk ? *reinterpret_cast<const uint4*>(src + sl * slot_stride) : make_uint4(0u, 0u, 0u, 0u);
         }
+      }
+      // Every slot of the pass has a partial (the common case: M3 tokens past their first 16 blocks):
+      // each row was written by the KV-major kernel, finite for finite inputs (its masked V rows are
+      // zeroed), so it is multiplied whatever its weight, without a branch a slot.
+      if (__all_sync(~0u, ranked[q] && q * kMergeSlots + kMergeSlots <= topk)) {
 #pragma unroll
         for (int j = 0; j < kMergeSlots; ++j) {  // slot order
-          const int sl = s0 + j;                 // <= 63: w_hi covers slots 32..63
-          float w = __shfl_sync(~0u, sl < 32 ? w_lo : w_hi, sl & 31);
-          if (sl >= L.topk) w = 0.f;
-          wsum += w;
-          // A weight-0 slot's row may be garbage: skipped, never multiplied. Any other weight, NaN
-          // included (a NaN lse), is multiplied: NaN stays NaN.
-          if (w != 0.f) {
-            const float4 x = unpack4<Elem>(raw[k][j]);
-            acc.x = fmaf(w, x.x, acc.x);
-            acc.y = fmaf(w, x.y, acc.y);
-            acc.z = fmaf(w, x.z, acc.z);
-            acc.w = fmaf(w, x.w, acc.w);
-          }
+          const float wj = __shfl_sync(~0u, w[q], j, 16);
+          wsum += wj;
+          float x[8];
+          unpack8<Elem>(raw[j], x);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = fmaf(wj, x[e], acc[e]);
+        }
+        continue;
+      }
+#pragma unroll
+      for (int j = 0; j < kMergeSlots; ++j) {  // slot order
+        float wj = __shfl_sync(~0u, w[q], j, 16);
+        if (q * kMergeSlots + j >= topk) wj = 0.f;
+        wsum += wj;
+        // A weight-0 slot's row may be garbage: skipped, never multiplied. Any other weight, NaN
+        // included (a NaN lse), is multiplied: NaN stays NaN.
+        if (wj != 0.f) {
+          float x[8];
+          unpack8<Elem>(raw[j], x);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = fmaf(wj, x[e], acc[e]);
         }
       }
-      const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-      const int64_t tok = static_cast<int64_t>(v.qo_start) + qi[k];
-      const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head[k];
-      store4(static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head + 4 * lane,
-             make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
-      if (p.lse != nullptr && lane == 0)
-        p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
-            wsum > 0.f ? (base + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
     }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    const int64_t tok = static_cast<int64_t>(v.qo_start) + qi;
+    const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head;
+    // o's strides are multiples of 8 elements and its pointer 16-byte aligned (sm90 supports()).
+    *reinterpret_cast<uint4*>(static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head + 8 * sub) =
+        make_uint4(pack2<Elem>(acc[0] * inv, acc[1] * inv), pack2<Elem>(acc[2] * inv, acc[3] * inv),
+                   pack2<Elem>(acc[4] * inv, acc[5] * inv), pack2<Elem>(acc[6] * inv, acc[7] * inv));
+    if (p.lse != nullptr && sub == 0)
+      p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
+          wsum > 0.f ? (base + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
   }
 }
 
-// One CTA per tile of the window; lane l merges dims 4l..4l+3. A window without KV-major tiles returns
+// One CTA per tile of the window. A window without KV-major tiles returns
 // at once. (A grid of 2048 CTAs striding over the tiles ran 3.19 ms at M3-TP1 P-32K `random` where one
 // CTA a tile had run 2.90 ms, in separate runs.) Held to 128 registers: 2 CTAs, 16 warps per SM (142
 // unbounded, i.e. 1 CTA per SM).

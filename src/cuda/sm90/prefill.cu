@@ -305,7 +305,8 @@ bool can_run(const PrefillState& s, const AttentionParams& p) {
   if ((p.block_idx != nullptr) != (s.topk > 0)) return false;
   if (!(p.sm_scale > 0.f) || !std::isfinite(p.sm_scale)) return false;  // the max is taken on raw scores
   if (p.pages.num_pages < 1 || p.seqs.total_q >= (int64_t(1) << 30)) return false;
-  // TMA: byte strides multiples of 16 and below 2^40; o is written in 4-byte pairs / 8-byte quads.
+  // TMA: byte strides multiples of 16 and below 2^40; o is written in 4-byte pairs (query-major kernel) and
+  // 16-byte octets (KV-major merge).
   const auto tma_stride = [](int64_t elems) { return elems > 0 && elems % 8 == 0 && elems < (int64_t(1) << 38); };
   if (!tma_stride(p.q_stride_token) || !tma_stride(p.q_stride_head)) return false;
   if (p.o_stride_token % 8 != 0 || p.o_stride_head % 8 != 0) return false;
