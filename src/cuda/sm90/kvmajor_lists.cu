@@ -325,11 +325,11 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 // `random` under ncu, 44.1 M warp instructions (673 a row, 42 a slot: 64-bit addresses, shuffles, and
 // conversions of 8 bytes at a time) kept the issue slots 63% busy and the HBM at 67% (90 us); this form
 // needs ~18 a slot for twice the bytes: 76 us, issue 37% busy, HBM 79% (same ncu section set; in graph
-// replay the call went 280-282 -> 277-279 us, M3-TP1 P-chunk `random` 925-928 -> 916). All loads of a pair (slot ranks, lse values, the first
-// kMergeSlots partial rows: 8 KB a warp) are issued before any is used, one round trip a pair. Partial
-// rows of slots without a partial are read too (they lie inside the window's buffer) but never used: a
-// slot of weight 0 is skipped, not multiplied, so garbage there cannot reach the sum; sums are taken in
-// slot order, so the result does not depend on timing.
+// replay the call went 280-282 -> 277-279 us, M3-TP1 P-chunk `random` 925-928 -> 916). All loads of a
+// pair (slot ranks, lse values, the first kMergeSlots partial rows: 8 KB a warp) are issued before any
+// is used, one round trip a pair. Partial rows of slots without a partial are read too (they lie inside
+// the window's buffer) but never used: a slot of weight 0 is skipped, not multiplied, so garbage there
+// cannot reach the sum; sums are taken in slot order, so the result does not depend on timing.
 constexpr int kMergeSlots = 16;
 static_assert(kMaxTopk <= 4 * kMergeSlots && kMaxTopk % kMergeSlots == 0, "a lane holds <= 4 slots' lse");
 static_assert(kKvMinGroup % 2 == 0, "a merge warp takes two heads of one token");
