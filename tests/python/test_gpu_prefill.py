@@ -282,12 +282,13 @@ def test_kvmajor_partial_stores(rng, monkeypatch, tma_store, group, num_kv_heads
 
 # The bf16 ids are the ones these cases always had (the rng is seeded from the test id).
 @pytest.mark.parametrize("group,num_kv_heads,topk,dtype", [(16, 2, 16, "bf16"), (8, 2, 16, "bf16"), (16, 2, 64, "bf16"),
-                                                           (16, 2, 16, "fp16"), (8, 2, 16, "fp16")],
-                         ids=["16-2-16", "8-2-16", "16-2-64", "16-2-16-fp16", "8-2-16-fp16"])
+                                                           (16, 2, 16, "fp16"), (8, 2, 16, "fp16"), (16, 2, 8, "bf16"),
+                                                           (8, 2, 32, "bf16")],
+                         ids=["16-2-16", "8-2-16", "16-2-64", "16-2-16-fp16", "8-2-16-fp16", "16-2-8", "8-2-32"])
 def test_kv_merge_groups_and_topk(rng, monkeypatch, group, num_kv_heads, topk, dtype):
-    """The KV-major kernel and merge (two rows in flight per warp) at G = 16 and 8, top-16 and top-64 (its
-    chunked path), bf16 and fp16 (test_fp16's problem is too short for auto to pick KV-major): several
-    windows, a causal head with -1 slots."""
+    """The KV-major kernel and merge (two heads of a token per warp) at G = 16 and 8; top-16, below one pass of
+    16 slots (8), two passes (32) and four (64); bf16 and fp16 (test_fp16's problem is too short for auto to
+    pick KV-major): several windows, a causal head with -1 slots."""
     prob = problem(rng, [300, 70], [2200, 70], group=group, num_kv_heads=num_kv_heads, topk=topk, pattern="random",
                    dtype=dtype)
     check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
