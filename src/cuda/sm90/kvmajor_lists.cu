@@ -9,6 +9,7 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/sm90/config.h"
+#include "cuda/sm90/consumer_math.cuh"
 #include "cuda/sm90/kvmajor_lists.h"
 #include "cuda/sm90/sync.cuh"
 #include "cuda/sm90/tile_common.cuh"
@@ -308,17 +309,6 @@ __device__ __forceinline__ void unpack8(uint4 raw, float (&x)[8]) {
   }
 }
 
-template <typename Elem>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
 // A warp merges the rows of two heads of one token at a time: lanes 0-15 the first head, 16-31 the
 // second, lane l dims 8 (l % 16) .. + 7, so each partial row is one 16-byte load a lane and the 16 slots'
 // weights are one lse a lane. The merge is bound by its instructions, not by the HBM: M3-TP4 P-chunk
@@ -342,6 +332,7 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
   const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
   const SeqView v = load_seq(p.seqs, c.request);
   const int32_t group = 1 << p.group_shift;
+  constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
   const int lane = threadIdx.x & 31, half = lane >> 4, sub = lane & 15;
   const int64_t slot_stride = static_cast<int64_t>(group) * kHeadDim;
   const int32_t topk = L.topk;
@@ -423,8 +414,8 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
     const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head;
     // o's strides are multiples of 8 elements and its pointer 16-byte aligned (sm90 supports()).
     *reinterpret_cast<uint4*>(static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head + 8 * sub) =
-        make_uint4(pack2<Elem>(acc[0] * inv, acc[1] * inv), pack2<Elem>(acc[2] * inv, acc[3] * inv),
-                   pack2<Elem>(acc[4] * inv, acc[5] * inv), pack2<Elem>(acc[6] * inv, acc[7] * inv));
+        make_uint4(pack2<kBf16>(acc[0] * inv, acc[1] * inv), pack2<kBf16>(acc[2] * inv, acc[3] * inv),
+                   pack2<kBf16>(acc[4] * inv, acc[5] * inv), pack2<kBf16>(acc[6] * inv, acc[7] * inv));
     if (p.lse != nullptr && sub == 0)
       p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
           wsum > 0.f ? (base + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
