@@ -18,6 +18,19 @@
 
 namespace msa::detail::cuda::sm90 {
 
+// Two floats -> one bf16x2 / f16x2 word (low half first). Outside the sm_90a guard: the LSE merge
+// (kvmajor_lists.cu) is compiled for every target.
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
 #ifdef MSA_SM90A_DEVICE
 
 // S = Q K^T over D = 128: 8 k-steps, 4 per 64-dim half (32 B apart inside a swizzle atom).
@@ -94,17 +107,6 @@ __device__ __forceinline__ void softmax_block(float (&sc)[64], float (&m)[2], fl
   }
   l[0] = l[0] * alpha[0] + sum[0];
   l[1] = l[1] * alpha[1] + sum[1];
-}
-
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (kBf16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
 }
 
 // Accumulator layout -> A-operand registers of the PV product (see wgmma.cuh).
