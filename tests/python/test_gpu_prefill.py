@@ -280,6 +280,15 @@ def test_kvmajor_partial_stores(rng, monkeypatch, tma_store, group, num_kv_heads
     check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
 
 
+@pytest.mark.parametrize("stripes", ["4", "8"])
+def test_kv_key_stripes(rng, monkeypatch, stripes):
+    """The rank pass's 4 and 8 counters per key (plans pick 8 only for windows of at most 512 keys, so these
+    small problems would never see 4 without the override), over several windows."""
+    monkeypatch.setenv("MSA_SM90_KEY_STRIPES", stripes)
+    prob = problem(rng, [300, 70], [2200, 70], pattern="random")
+    check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
+
+
 # The bf16 ids are the ones these cases always had (the rng is seeded from the test id).
 @pytest.mark.parametrize("group,num_kv_heads,topk,dtype", [(16, 2, 16, "bf16"), (8, 2, 16, "bf16"), (16, 2, 64, "bf16"),
                                                            (16, 2, 16, "fp16"), (8, 2, 16, "fp16"), (16, 2, 8, "bf16"),

@@ -84,9 +84,12 @@ inline constexpr bool kKvTmaStore = true;
 // they selected passes by; `random` would otherwise read each token's Q from HBM 16 times. Smaller
 // sub-windows re-read K/V more often (each sub-window touches most blocks: 64 MiB at M3-TP1, 32K).
 inline constexpr int kKvSubwindowTiles = 512;
-// Counters per KV-major key in the rank pass (kvmajor_lists.cu, key_stripe): 4, one 16-byte load per key
-// in the scan and the fill.
-inline constexpr int kKeyStripes = 4;
+// Counters per KV-major key in the rank pass (kvmajor_lists.cu, key_stripe), at most kKeyStripes: a plan
+// uses 8 where a window has at most kKeyStripesWideKeys keys, else 4 (one 16-byte load per key in the scan
+// and the fill instead of two). M3-TP4 P-chunk `random` (256 keys): rank pass 9 -> 6 us with 8; M3-TP1
+// P-chunk (1024 keys): rank pass unchanged, scan 5 -> 8 us (e83dfbf's timelines).
+inline constexpr int kKeyStripes = 8;
+inline constexpr int kKeyStripesWideKeys = 512;
 // Partial outputs of one window (bf16: 256 B per (token, slot, head)); windows of canonical tiles
 // are sized to fit: 2 GiB = 4096 tiles of 8 tokens x 16 heads x top-16.
 inline constexpr long long kKvPartialBudgetBytes = 2ll << 30;

@@ -29,12 +29,13 @@ __device__ __forceinline__ bool kv_major_tile(const KvListParams& p, int32_t til
   return tile < live_tiles(p.sched, p.seqs.batch_size) && p.kv_major[tile] != 0;
 }
 
-// Each key's count is kept in kKeyStripes counters, a tile's entries ranked in stripe tile % 4: with one
+// Each key's count is kept in 4 or 8 counters, a tile's entries ranked in stripe tile % stripes: with one
 // counter per key, the ~256 entries of a key (top-16 over 256 blocks) queued on one address, and the rank
 // pass took 11-20 us at P-chunk `random` (M3-TP1 1024 keys, M3-TP4 256: the fewer keys, the slower),
 // against ~5 us when the same entries were spread over 4x the keys (four windows of the plan).
-__device__ __forceinline__ int32_t key_stripe(int32_t tile) { return tile & (kKeyStripes - 1); }
-static_assert(kKeyStripes == 4, "key_total and fill_tile read a key's stripes as one int4");
+// 8 counters where a window has few keys (config.h).
+__device__ __forceinline__ int32_t key_stripe(const KvLists& L, int32_t tile) { return tile & (L.key_stripes - 1); }
+static_assert(kKeyStripes == 8, "key_total and fill_tile read a key's stripes as one or two int4");
 
 __device__ __forceinline__ void rank_tile(const KvListParams& p, int32_t tile) {
   const KvLists& L = p.lists;
@@ -50,7 +51,7 @@ __device__ __forceinline__ void rank_tile(const KvListParams& p, int32_t tile) {
     int32_t key = -1, rank = -1;
     if (e >= 0 && key_base + e < L.block_keys) {
       key = window * L.key_span + sub * L.block_keys + static_cast<int32_t>(key_base + e);
-      rank = atomicAdd(&L.key_count[static_cast<int64_t>(key) * kKeyStripes + key_stripe(tile)], 1);
+      rank = atomicAdd(&L.key_count[static_cast<int64_t>(key) * L.key_stripes + key_stripe(L, tile)], 1);
     }
     const int64_t entry = static_cast<int64_t>(tile) * L.list_capacity + x;
     L.entry_key[entry] = key;
@@ -86,31 +87,34 @@ __host__ __device__ constexpr int32_t scan_chunk_keys(int32_t span) {
 
 __device__ __forceinline__ int32_t items_of(int32_t n) { return (n + kKvItemTokens - 1) / kKvItemTokens; }
 
-// The count of key k: the sum of its kKeyStripes stripes (one 16-byte load; each window's row of
-// key_span * kKeyStripes counts starts 16-byte aligned, the buffer being one cudaMalloc).
-__device__ __forceinline__ int32_t key_total(const int32_t* count, int32_t k) {
-  const int4 v = *reinterpret_cast<const int4*>(count + static_cast<int64_t>(k) * kKeyStripes);
-  return v.x + v.y + v.z + v.w;
+// The count of key k: the sum of its 4 or 8 stripes (one or two 16-byte loads; each window's row of
+// key_span * stripes counts starts 16-byte aligned, the buffer being one cudaMalloc). The pitch is the
+// counters used: one-int4 reads at a pitch of 8 cost the M3-TP1 P-chunk scan 5.3 -> 7.5 us (91c1ab6).
+__device__ __forceinline__ int32_t key_total(const int32_t* count, int32_t k, bool wide) {
+  const int4* c = reinterpret_cast<const int4*>(count + static_cast<int64_t>(k) * (wide ? 8 : 4));
+  const int4 a = c[0];
+  const int4 b = wide ? c[1] : make_int4(0, 0, 0, 0);
+  return a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w;
 }
 
 // Counts of keys first .. first + kScanKeys - 1 (0 from `end` on).
 __device__ __forceinline__ void load_counts(int32_t (&c)[kScanKeys], const int32_t* count, int32_t first,
-                                            int32_t end) {
+                                            int32_t end, bool wide) {
 #pragma unroll
-  for (int i = 0; i < kScanKeys; ++i) c[i] = first + i < end ? key_total(count, first + i) : 0;
+  for (int i = 0; i < kScanKeys; ++i) c[i] = first + i < end ? key_total(count, first + i, wide) : 0;
 }
 
 __device__ __forceinline__ int2 add2(int2 a, int2 b) { return make_int2(a.x + b.x, a.y + b.y); }
 
 // Entries and items of this thread's share of keys [0, end): 4 x 4 keys in flight at a time (one at a
 // time, the last CTA of a P-32K window waited on 7 round trips here).
-__device__ __forceinline__ int2 sum_counts(const int32_t* count, int32_t first, int32_t end) {
-  constexpr int kLoads = 4;  // x kScanKeys keys x kKeyStripes counters: 16 16-byte loads
+__device__ __forceinline__ int2 sum_counts(const int32_t* count, int32_t first, int32_t end, bool wide) {
+  constexpr int kLoads = 4;  // x kScanKeys keys x 4 or 8 counters: 16 or 32 16-byte loads
   int2 s = make_int2(0, 0);
   for (int32_t k = first; k < end; k += kLoads * kScanTile) {
     int32_t c[kLoads][kScanKeys];
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) load_counts(c[u], count, k + u * kScanTile, end);
+    for (int u = 0; u < kLoads; ++u) load_counts(c[u], count, k + u * kScanTile, end, wide);
 #pragma unroll
     for (int u = 0; u < kLoads; ++u)
 #pragma unroll
@@ -158,7 +162,8 @@ __global__ void __launch_bounds__(kScanThreads, 1) kv_scan_kernel(KvListParams p
   const int32_t keys = L.key_span;
   const int32_t chunk_keys = scan_chunk_keys(keys);
   const int32_t c0 = static_cast<int32_t>(blockIdx.y) * chunk_keys, c1 = min(keys, c0 + chunk_keys);
-  const int32_t* count = L.key_count + static_cast<int64_t>(window) * L.key_span * kKeyStripes;
+  const int32_t* count = L.key_count + static_cast<int64_t>(window) * L.key_span * L.key_stripes;
+  const bool wide = L.key_stripes > 4;
   int32_t* offset = L.key_offset + static_cast<int64_t>(window) * L.key_span;
   KvWorkItem* items = L.items + static_cast<int64_t>(window) * L.item_capacity;
   const bool vec = keys % 4 == 0;
@@ -167,9 +172,9 @@ __global__ void __launch_bounds__(kScanThreads, 1) kv_scan_kernel(KvListParams p
   // The counts are loaded before the window's tile count is used: one round trip, not two.
   const int32_t kv_tiles = L.window_kv_tiles[window];
   int32_t cur[kScanKeys];
-  load_counts(cur, count, c0 + first, c1);
+  load_counts(cur, count, c0 + first, c1, wide);
   // This thread's share of the keys before the chunk, summed again by every later chunk's CTA.
-  int2 before = sum_counts(count, first, c0);
+  int2 before = sum_counts(count, first, c0, wide);
   if (kv_tiles == 0) {  // no KV-major tile here: no key was counted
     if (blockIdx.y == gridDim.y - 1 && threadIdx.x == 0) L.item_count[window] = 0;
     return;
@@ -186,7 +191,7 @@ __global__ void __launch_bounds__(kScanThreads, 1) kv_scan_kernel(KvListParams p
   int2 carry = make_int2(0, 0);  // entries and items before this pass; every thread holds it
   for (int32_t base = c0; base < c1; base += kScanTile) {
     int32_t next[kScanKeys];  // in flight during this pass
-    load_counts(next, count, base + kScanTile + first, c1);
+    load_counts(next, count, base + kScanTile + first, c1, wide);
     int2 mine = make_int2(0, 0);
 #pragma unroll
     for (int i = 0; i < kScanKeys; ++i) mine = add2(mine, make_int2(cur[i], items_of(cur[i])));
@@ -278,9 +283,14 @@ __device__ __forceinline__ void fill_tile(const KvListParams& p, int32_t tile) {
     const int64_t local_entry = entry - window * window_entries;
     const int32_t key = L.entry_key[entry];
     // The key's list holds its stripes one after another: this entry's stripe starts after the lower ones.
-    const int4 st = *reinterpret_cast<const int4*>(L.key_count + static_cast<int64_t>(key) * kKeyStripes);
-    const int32_t stripe = key_stripe(tile);
-    const int32_t before = (stripe > 0 ? st.x : 0) + (stripe > 1 ? st.y : 0) + (stripe > 2 ? st.z : 0);
+    const int4* kc = reinterpret_cast<const int4*>(L.key_count + static_cast<int64_t>(key) * L.key_stripes);
+    const int32_t stripe = key_stripe(L, tile);
+    const int4 a = kc[0];
+    const int4 b = stripe > 4 ? kc[1] : make_int4(0, 0, 0, 0);
+    const int32_t st[kKeyStripes - 1] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z};
+    int32_t before = 0;
+#pragma unroll
+    for (int i = 0; i < kKeyStripes - 1; ++i) before += i < stripe ? st[i] : 0;
     L.pairs[window * window_entries + L.key_offset[key] + before + rank] = make_int2(token, static_cast<int32_t>(local_entry));
   }
 }

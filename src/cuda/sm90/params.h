@@ -79,7 +79,8 @@ struct KvLists {
   const int32_t* blk_cum = nullptr;  // [batch_size + 1]: prefix of ceil(kv_len / 128) * Hkv
   int32_t block_keys = 0;           // keys per sub-window: the plan's blk_cum[B]
   int32_t key_span = 0;             // keys per window: sub-windows * block_keys
-  int32_t* key_count = nullptr;     // [num_windows * key_span * kKeyStripes], zeroed at every run
+  int32_t* key_count = nullptr;     // [num_windows * key_span * key_stripes], zeroed at every run
+  int32_t key_stripes = 4;          // counters per key, and their pitch: 4 or 8 (config.h, kKeyStripesWideKeys)
   int32_t* key_offset = nullptr;    // [num_windows * key_span]: start of a key's list in its window
   int32_t* entry_key = nullptr;     // [num_tiles * list_capacity]
   int32_t* entry_rank = nullptr;    // [num_tiles * list_capacity]: place in the key's list, -1: none

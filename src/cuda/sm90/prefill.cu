@@ -73,6 +73,16 @@ bool kv_tma_store() {
   MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_TMA_STORE: expected 0 or 1, got '", e, "'");
 }
 
+// Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4;
+// MSA_SM90_KEY_STRIPES=4|8 overrides (tests, benchmarks).
+int32_t key_stripes(int32_t key_span) {
+  const char* e = std::getenv("MSA_SM90_KEY_STRIPES");
+  if (e == nullptr || *e == 0) return key_span <= kKeyStripesWideKeys ? 8 : 4;
+  if (std::strcmp(e, "4") == 0) return 4;
+  if (std::strcmp(e, "8") == 0) return 8;
+  MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KEY_STRIPES: expected 4 or 8, got '", e, "'");
+}
+
 template <typename T>
 T* ptr(const DeviceBuffer& b) {
   return static_cast<T*>(b.get());
@@ -106,11 +116,12 @@ void plan_kv_major(PrefillState& s, int64_t total_blocks) {
   s.subwindow_tiles = static_cast<int32_t>(sub);
   s.block_keys = static_cast<int32_t>(total_blocks);
   s.key_span = static_cast<int32_t>(subs * total_blocks);
+  s.key_stripes = key_stripes(s.key_span);
   // Items of a window: at most one partial item per key plus one per kKvItemTokens entries.
   s.item_capacity = static_cast<int32_t>(window * s.list_capacity / kKvItemTokens + s.key_span + 1);
   const size_t entries = static_cast<size_t>(s.num_tiles) * s.list_capacity;
   const size_t keys = static_cast<size_t>(windows) * s.key_span;
-  s.key_count = DeviceBuffer(keys * kKeyStripes * sizeof(int32_t));
+  s.key_count = DeviceBuffer(keys * s.key_stripes * sizeof(int32_t));
   s.key_offset = DeviceBuffer(keys * sizeof(int32_t));
   s.entry_key = DeviceBuffer(entries * sizeof(int32_t));
   s.entry_rank = DeviceBuffer(entries * sizeof(int32_t));
@@ -158,6 +169,7 @@ KvLists kv_lists_of(const PrefillState& s) {
   L.subwindow_tiles = s.subwindow_tiles;
   L.block_keys = s.block_keys;
   L.key_span = s.key_span;
+  L.key_stripes = s.key_stripes;
   L.key_count = ptr<int32_t>(s.key_count);
   L.key_offset = ptr<int32_t>(s.key_offset);
   L.entry_key = ptr<int32_t>(s.entry_key);

@@ -36,6 +36,7 @@ struct PrefillState {
 
   // KV-major (rule != kNever).
   int32_t window_tiles = 0, num_windows = 0, subwindow_tiles = 0, block_keys = 0, key_span = 0, item_capacity = 0;
+  int32_t key_stripes = 4;  // rank counters used per key (config.h kKeyStripesWideKeys; MSA_SM90_KEY_STRIPES)
   DeviceBuffer key_count, key_offset, entry_key, entry_rank, pairs, items, item_count, part_o, part_lse;
   // The query-major kernel on a side stream beside the KV-major launches (both read the tile lists and
   // write disjoint rows of o / lse); empty when the plan has no KV-major path or MSA_SM90_KV_CONCURRENT=0.
