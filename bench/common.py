@@ -65,7 +65,11 @@ def median_back_to_back(run, iters: int, per: int = 1, before=None, skip_first: 
     torch.cuda.synchronize()
     pairs = list(zip(starts, ends))[1 if skip_first else 0:]
     times = sorted(a.elapsed_time(b) * 1000.0 / per for a, b in pairs)
+    LAST_TIMES[:] = times
     return times[len(times) // 2]
+
+
+LAST_TIMES: list = []  # the sorted times behind median_back_to_back's last median (spread diagnostics)
 
 
 def time_graph(fn, iters: int = 50, warmup: int = 5, rotate=None, back_to_back: bool = False) -> float:

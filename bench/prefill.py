@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (capture_graph, ceilings, environment, main_guard, parse_variants, row,  # noqa: E402
+from common import (LAST_TIMES, capture_graph, ceilings, environment, main_guard, parse_variants, row,  # noqa: E402
                     time_eager, time_flushed, time_graph, write_results)
 from gpu_monitor import GpuMonitor  # noqa: E402
 
@@ -331,10 +331,13 @@ def short_name(name: str) -> str:
     return next((v for k, v in KERNEL_NAMES if k in name), name[:40])
 
 
-def kernel_timeline(call, replays: int = 3) -> dict:
+def kernel_timeline(call, replays: int = 3, flush_bytes: int = 0) -> dict:
     """The kernels of the last of `replays` graph replays of call(): [(short name, stream, start us, end us)]
     from the replay's first kernel start, and its span (first start to last end). Read from the profiler's
-    chrome trace, which keeps each kernel's device timestamps (key_averages() does not)."""
+    chrome trace, which keeps each kernel's device timestamps (key_averages() does not).
+    flush_bytes > 0: as time_flushed runs it (a memset of that size before each replay, the replays enqueued
+    back to back, one synchronization at the end); times then count from the memset's end, `start_us` is the
+    first kernel's start on that clock (the graph's launch behind the memset) and `span_us` the last end."""
     import json
     import tempfile
     from torch.profiler import ProfilerActivity, profile
@@ -342,23 +345,38 @@ def kernel_timeline(call, replays: int = 3) -> dict:
     g = capture_graph([call], warmup=1)
     g.replay()
     torch.cuda.synchronize()
+    cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda") if flush_bytes else None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
+            if cache is not None:
+                cache.zero_()
             g.replay()
-            torch.cuda.synchronize()
+            if cache is None:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         trace = json.load(open(f.name))
     ks = sorted((float(e["ts"]), float(e["dur"]), e.get("tid"), e["name"]) for e in trace.get("traceEvents", [])
-                if e.get("cat") == "kernel")
+                if e.get("cat") in ("kernel", "gpu_memset"))
     if not ks:
         return {}
     if len(ks) % replays:
         return {"error": f"{len(ks)} kernels in {replays} replays"}
-    last = ks[-(len(ks) // replays):]  # every replay launches the same kernels
+    per = len(ks) // replays  # every replay launches the same kernels (and the flush before it)
+    last = ks[-per:]
     t0 = last[0][0]
+    if cache is not None:  # the flush comes first; the clock starts at its end
+        t0 += last[0][1]
+        last = last[1:]
     rows = [(short_name(n), tid, round(ts - t0, 1), round(ts + d - t0, 1)) for ts, d, tid, n in last]
-    return {"span_us": round(max(r[3] for r in rows), 1), "kernels": rows}
+    out = {"span_us": round(max(r[3] for r in rows), 1), "kernels": rows}
+    if cache is not None:
+        out["start_us"] = rows[0][2]
+        # each replay's end after its flush's end: do the profiled replays differ?
+        out["ends_us"] = [round(max(ts + d for ts, d, _, _ in ks[i * per + 1:(i + 1) * per]) - ks[i * per][0] - ks[i * per][1], 1)
+                          for i in range(replays)]
+    return out
 
 
 def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> None:
@@ -422,6 +440,13 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
                 if "kernels" in tl:
                     print(f"  timeline (graph replay, span {tl['span_us']} us): " +
                           "  ".join(f"{n}@{tid}[{a}-{b}]" for n, tid, a, b in tl["kernels"]), flush=True)
+                timed = list(LAST_TIMES)
+                extra["timeline_flushed"] = tl = kernel_timeline(call, replays=8, flush_bytes=256 << 20)
+                if "kernels" in tl:
+                    print(f"  timeline (after the 256 MiB flush, as timed; end {tl['span_us']} us): " +
+                          "  ".join(f"{n}@{tid}[{a}-{b}]" for n, tid, a, b in tl["kernels"]), flush=True)
+                    print(f"  profiled flushed replays end at {tl['ends_us']} us; timed calls (sorted) "
+                          f"{[round(t, 1) for t in timed]}", flush=True)
         return us, extra
 
     flex_wanted = opts.flex == "all" or f"{shape}:{wl}" in opts.flex.split(",")
