@@ -289,6 +289,23 @@ def test_kv_key_stripes(rng, monkeypatch, stripes):
     check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
 
 
+@pytest.mark.parametrize("tail", ["1x1", "2x2", "1000x4"])
+def test_kv_tail_parts(rng, monkeypatch, tail):
+    """The last work items of a window claimed in parts of 1, 2 or 4 Q tiles (MSA_SM90_KV_TAIL=FxS: the last
+    F x SM-count items; 1000 takes every item), over several windows, at G = 16 and 8 (8 and 16 tokens a
+    tile): within the contract of the reference, and bitwise the results of whole-item claims (a part's
+    jobs are the item's Q tiles, each row's partial computed alone)."""
+    for prob, window in [(problem(rng, [300, 70], [2200, 70], pattern="random"), 24),
+                         (problem(rng, [260], [1500], group=8, pattern="random"), None)]:
+        monkeypatch.setenv("MSA_SM90_KV_TAIL", tail)
+        t = mt.to_torch(prob, DEV, torch.bfloat16)
+        o, lse = check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=window), prob, t)
+        monkeypatch.setenv("MSA_SM90_KV_TAIL", "0x0")
+        whole = run_gpu(plan_for(prob, monkeypatch, "kvmajor", window_tiles=window), prob, t)
+        np.testing.assert_array_equal(o, whole[0])
+        np.testing.assert_array_equal(lse, whole[1])
+
+
 # The bf16 ids are the ones these cases always had (the rng is seeded from the test id).
 @pytest.mark.parametrize("group,num_kv_heads,topk,dtype", [(16, 2, 16, "bf16"), (8, 2, 16, "bf16"), (16, 2, 64, "bf16"),
                                                            (16, 2, 16, "fp16"), (8, 2, 16, "fp16"), (16, 2, 8, "bf16"),

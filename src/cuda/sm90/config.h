@@ -69,6 +69,16 @@ inline constexpr int kKvMajorUnionRatio = 2;
 inline constexpr int kKvMinGroup = 8;
 // Tokens of one key's list handled by one KV-major work item (the K/V block is loaded once for them).
 inline constexpr int kKvItemTokens = 64;
+// The end of a KV-major window: its last kKvTailItemsPerSm x (SM count) work items are claimed in parts
+// of kKvTailSubTiles Q tiles (kv_scheduler), so that the CTAs run out of work together. Whole items (8 Q
+// tiles at M3, ~20 us each) claimed in order left CTAs idle for up to an item at the end, and the calls
+// varied with the claim order: M3-TP4 P-chunk `random` timed calls of one run spread over 264-278 us. H200,
+// one process, alternating variants (bench/results/prefill-20261130-*-tail-ab.md): whole items 276.4-276.7
+// us; parts of 2 tiles of the last 1, 2, 3 x 132 items 270.6 / 264.4-264.7 / 263.5-263.9; 4 tiles of the
+// last 2 / 4 x 132 266.6-266.8 / 265.5-266.2; single tiles 271.4 (a part's claim chain no longer hides
+// behind its jobs). M3-TP1 (4x the items) 920-921 -> 915.5. MSA_SM90_KV_TAIL=FxS overrides (0x0: off).
+inline constexpr int kKvTailItemsPerSm = 3;
+inline constexpr int kKvTailSubTiles = 2;
 // Q tiles in flight in the KV-major kernel, and K/V blocks (one per work item) in flight.
 inline constexpr int kKvQStages = 2;
 inline constexpr int kKvBlockStages = 2;

@@ -70,12 +70,20 @@ static_assert(kKvMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared 
 // dependent trips (the claim, the item, its lengths and page, then the pairs) before the next
 // item's first job could start. The scheduler starts when warp 0 issues the current item's Q tile
 // ntiles - kTileLookaheadBlocks (an item has at most kKvItemTokens / (128 / G) = 8 tiles at M3).
+// Claims are item indices up to split_from; past it, each of the window's last tail_items items is
+// claimed as `subs` parts of sub_tokens tokens (config.h kKvTailItemsPerSm). A part is the item's record
+// with its start and count narrowed (a part past the item's count is empty and skipped), so its jobs are
+// the item's own Q tiles and the results do not depend on the split.
 __device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem& s) {
   const int lane = threadIdx.x & 31;
   const KvLists& L = p.lists;
   const int32_t tile_tokens = kTileRows >> p.group_shift;
   const int32_t n_items = min(L.item_count[p.window], L.item_capacity);
   const KvWorkItem* items = L.items + static_cast<int64_t>(p.window) * L.item_capacity;
+  const int32_t sub_tokens = p.tail_sub_tiles > 0 ? p.tail_sub_tiles * tile_tokens : kKvItemTokens;
+  const int32_t subs = (kKvItemTokens + sub_tokens - 1) / sub_tokens;
+  const int32_t split_from = p.tail_items > 0 ? max(n_items - p.tail_items, 0) : n_items;
+  const int32_t n_claims = split_from + (n_items - split_from) * subs;
   const int2* pairs = L.pairs + static_cast<int64_t>(p.window) * L.window_tiles * L.list_capacity;
   for (uint32_t item_it = 0;; ++item_it) {
     if (item_it > 0) barrier_wait(&s.ahead_go, (item_it - 1) & 1);  // warp 0 read the previous hand-over
@@ -86,13 +94,22 @@ __device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem
     do {
       if (lane == 0) idx = atomicAdd(L.item_counter + p.window, 1);
       idx = __shfl_sync(~0u, idx, 0);
-      if (idx < n_items) w = items[idx];
-    } while (idx < n_items && w.count <= 0);
+      if (idx < n_claims) {
+        const bool part = idx >= split_from;
+        const int32_t it = part ? split_from + (idx - split_from) / subs : idx;
+        w = items[it];
+        if (part) {
+          const int32_t t0 = (idx - split_from) % subs * sub_tokens;
+          w.start += t0;
+          w.count = min(sub_tokens, w.count - t0);
+        }
+      }
+    } while (idx < n_claims && w.count <= 0);
     KvItemInfo info{};
     info.item = -1;
     int32_t page = -1;
     int2 pr = make_int2(0, 0);
-    if (idx < n_items) {
+    if (idx < n_claims) {
       const SeqView v = load_seq(p.seqs, w.request);
       page = physical_page(p.pages, w.request, w.block / p.page_blocks);
       if (lane < min(tile_tokens, w.count)) pr = pairs[w.start + lane];

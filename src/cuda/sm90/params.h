@@ -108,6 +108,9 @@ struct KvMajorParams {
   int32_t page_blocks = 1;
   bool causal = true;
   float scale_log2 = 0.f;
+  // The last tail_items work items of a window are claimed in parts of tail_sub_tiles Q tiles (0: whole
+  // items throughout), so that the CTAs finish together (config.h kKvTailItemsPerSm).
+  int32_t tail_items = 0, tail_sub_tiles = 0;
 };
 
 }  // namespace msa::detail::cuda::sm90

@@ -15,6 +15,7 @@
 // query-major kernel, and in every plan the KV-major work waited for the query-major kernel's last tiles.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -81,6 +82,19 @@ int32_t key_stripes(int32_t key_span) {
   if (std::strcmp(e, "4") == 0) return 4;
   if (std::strcmp(e, "8") == 0) return 8;
   MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KEY_STRIPES: expected 4 or 8, got '", e, "'");
+}
+
+// The KV-major tail split (config.h kKvTailItemsPerSm, kKvTailSubTiles); MSA_SM90_KV_TAIL=FxS overrides:
+// the last F x (SM count) work items claimed S Q tiles at a time, 0x0 whole items throughout.
+void kv_tail(int32_t sm_count, int32_t* items, int32_t* sub_tiles) {
+  int f = kKvTailItemsPerSm, t = kKvTailSubTiles;
+  const char* e = std::getenv("MSA_SM90_KV_TAIL");
+  if (e != nullptr && *e != 0 && (std::sscanf(e, "%dx%d", &f, &t) != 2 || f < 0 || t < 0))
+    MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_TAIL: expected FxS (two integers >= 0), got '",
+             e, "'");
+  const bool on = f > 0 && t > 0;
+  *items = on ? f * sm_count : 0;
+  *sub_tiles = on ? t : 0;
 }
 
 template <typename T>
@@ -222,6 +236,8 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, bool bf16, cu
   kp.page_blocks = s.page_blocks;
   kp.causal = s.causal;
   kp.scale_log2 = p.sm_scale * kLog2e;
+  kp.tail_items = s.kv_tail_items;
+  kp.tail_sub_tiles = s.kv_tail_sub_tiles;
 
   KvMergeParams mp;
   mp.seqs = p.seqs;
@@ -280,6 +296,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   s->topk = c.topk;
   s->causal = c.causal;
   s->kv_tma_store = kv_tma_store();
+  kv_tail(dev.sm_count, &s->kv_tail_items, &s->kv_tail_sub_tiles);
 
   // The plan's host lengths fix the workspace extents (the device lengths of a run must agree;
   // tiles past these extents are not run, nothing is read or written out of bounds).
