@@ -346,12 +346,15 @@ def _sanitizer_case():
     """One small sparse case per path and a dense one: the launches compute-sanitizer watches. Tiles are
     longer than the stage rings (every ring slot and its stage / tile / Q-tile records are reused), one
     tile selects nothing (the query-major path that releases its Q buffer without a product), and
-    KV-major items span several Q tiles."""
+    KV-major items span several Q tiles, claimed whole (MSA_SM90_KV_TAIL=0x0) and in parts (the default
+    splits every item of so small a window)."""
     import os
 
     rng = np.random.default_rng(0)
-    for mode, pattern in (("qmajor", "clustered"), ("kvmajor", "random"), ("auto", None)):
+    for mode, pattern, tail in (("qmajor", "clustered", ""), ("kvmajor", "random", "0x0"), ("kvmajor", "random", ""),
+                                ("auto", None, "")):
         os.environ["MSA_SM90_PREFILL"] = mode
+        os.environ["MSA_SM90_KV_TAIL"] = tail
         prob = problem(rng, [70, 9], [1000, 9], pattern=pattern, num_kv_heads=1)
         if pattern:
             prob.block_idx = prob.block_idx.copy()
@@ -360,7 +363,7 @@ def _sanitizer_case():
         o_ref, lse_ref = mt.ref_attention(prob)
         mt.assert_close(o, o_ref)
         mt.assert_lse_close(lse, lse_ref)
-        print(f"{mode:8s} {pattern or 'dense':10s} ok", flush=True)
+        print(f"{mode:8s} {pattern or 'dense':10s} {tail or 'default':8s} ok", flush=True)
 
 
 if __name__ == "__main__":
