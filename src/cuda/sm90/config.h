@@ -73,7 +73,7 @@ inline constexpr int kKvItemTokens = 64;
 // of kKvTailSubTiles Q tiles (kv_scheduler), so that the CTAs run out of work together. Whole items (8 Q
 // tiles at M3, ~20 us each) claimed in order left CTAs idle for up to an item at the end, and the calls
 // varied with the claim order: M3-TP4 P-chunk `random` timed calls of one run spread over 264-278 us. H200,
-// one process, alternating variants (bench/results/prefill-20261130-*-tail-ab.md): whole items 276.4-276.7
+// one process, alternating variants (bench/results/prefill-20261130-34cfd9b-tail-ab.md): whole items 276.4-276.7
 // us; parts of 2 tiles of the last 1, 2, 3 x 132 items 270.6 / 264.4-264.7 / 263.5-263.9; 4 tiles of the
 // last 2 / 4 x 132 266.6-266.8 / 265.5-266.2; single tiles 271.4 (a part's claim chain no longer hides
 // behind its jobs). M3-TP1 (4x the items) 920-921 -> 915.5. MSA_SM90_KV_TAIL=FxS overrides (0x0: off).
