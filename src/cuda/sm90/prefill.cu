@@ -93,8 +93,8 @@ void kv_tail(int32_t sm_count, int32_t* items, int32_t* sub_tiles) {
     MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_TAIL: expected FxS (two integers >= 0), got '",
              e, "'");
   const bool on = f > 0 && t > 0;
-  *items = on ? f * sm_count : 0;
-  *sub_tiles = on ? t : 0;
+  *items = on ? std::min(f, 1 << 16) * sm_count : 0;  // 1 << 16 x SMs: every item of any window
+  *sub_tiles = on ? std::min(t, kKvItemTokens) : 0;   // a part of >= kKvItemTokens tokens is a whole item
 }
 
 template <typename T>
