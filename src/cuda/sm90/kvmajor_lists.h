@@ -21,7 +21,7 @@ struct KvListParams {
   KvLists lists;
 };
 
-// entry_key / entry_rank of every entry of the KV-major tiles (rank by atomics on the kKeyStripes
+// entry_key / entry_rank of every entry of the KV-major tiles (rank by atomics on the key_stripes (4 or 8)
 // counters of its key in key_count, which must be zero; the rank is the place in the tile's stripe).
 // Order inside a key's list is arbitrary; each entry's result does not depend on it.
 void launch_kv_rank(const KvListParams& p, cudaStream_t stream);
