@@ -64,7 +64,11 @@ def main():
     # (on sm_90 the splits above merge inside a thread-block cluster).
     check("decode sparse, workspace merge", prob([1, 1], [3000, 700], topk=32), fixed_split_blocks=1)
     check("decode dense, split", prob([1, 1], [3000, 130], pattern=None))
+    check("decode 4 tokens, token kernel, a CTA per token", prob([4, 3], [2000, 900], hkv=2, pattern="clustered"))
+    check("decode 4 tokens, token kernel, split, ragged", prob([4, 0, 2], [9000, 50, 900], topk=32), max_splits=4)
+    os.environ["MSA_PAGED_TOKEN_KERNEL"] = "0"  # the general kernel's tiles of one MTP token
     check("decode 4 tokens, one tile per token", prob([4, 3], [2000, 900], hkv=2, pattern="clustered"))
+    del os.environ["MSA_PAGED_TOKEN_KERNEL"]
     check("decode 4 tokens, G=4 union tile (CTA sort)",
           prob([4, 3], [2000, 900], g=4, hkv=2, pattern="clustered"))
     check("decode 2 tokens, G=32 union tile (64 rows)", prob([2, 1], [1500, 700], g=32))

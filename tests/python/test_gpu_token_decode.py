@@ -1,6 +1,7 @@
 """The single-token decode kernel (src/cuda/paged/token_kernel.cuh, sm_90) against the float64 reference,
 with either split merge (MSA_PAGED_TOKEN_MERGE=pull|push), and the general paged kernel on the same
-problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per request, head dim 128, G <= 16, top-k <= 32,
+problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per request (and MTP: up to 8 tokens per request at
+G > 8, one CTA or cluster per token), head dim 128, G <= 16, top-k <= 32,
 pages of a multiple of 64 tokens (powers of two and not). Unsorted rows with -1 slots and duplicates,
 empty rows, qo_len 0 requests (the guessed token row is wrong), lengths that end inside a 64-key tile, prefixes,
 non-causal, the slot-major pool, flat page tables, the [Hkv, T, topk] index layout, bad pages, splits
@@ -138,3 +139,31 @@ def test_push_merge_is_bitwise_the_pull_merge(rng, monkeypatch, split, group):
     o_ref, lse_ref = mt.ref_attention(prob)
     mt.assert_close(o2, o_ref)
     mt.assert_lse_close(l2, lse_ref)
+
+
+@pytest.mark.parametrize("tq", [2, 3, 4, 8])
+@pytest.mark.parametrize("group", [16, 12, 8])
+def test_mtp(rng, kernel, tq, group):
+    """Several tokens per request (MTP): the token kernel takes one CTA (or cluster) per token when the
+    general kernel would also give each token its own tile (G > 8), 2^ceil(log2(tq)) CTAs per request (tq = 3:
+    one idle); each token is causal at its own position. Ragged: a request with fewer tokens than the plan, one with none (every later token off its
+    guessed row), one with kv_len = qo_len; unsorted rows with -1 slots."""
+    qo_lens = [tq, max(1, tq - 1), 0, tq, 1]
+    prob = decode_problem(rng, [3000, 700, 129, tq, 65], qo_lens=qo_lens, group=group, empty_row_prob=0.1)
+    plan = plan_for(prob, max_qo_len=tq)
+    if kernel != "general":
+        assert plan.describe()["paged"] == ("token" if group > 8 else "general"), plan.describe()
+    o, lse = check(plan, prob)
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+
+
+@pytest.mark.parametrize("split", [dict(), dict(max_splits=3), dict(fixed_split_blocks=2)])
+def test_mtp_offsets_splits_and_spare_rows(rng, kernel, split):
+    """MTP with prefixes (qo_offset), non-causal, split block lists (few long requests), fp16, and q / o sized
+    for batch x max_qo_len while qo_indptr uses fewer rows."""
+    prob = decode_problem(rng, [30000, 9000], qo_lens=[4, 3], qo_offset=[20000, 9000 - 3], topk=32, num_kv_heads=1)
+    check(plan_for(prob, max_qo_len=4, **split), prob)
+    prob = decode_problem(rng, [5000, 700, 300], qo_lens=[2, 4, 1], causal=False, dtype="fp16")
+    check(plan_for(prob, max_qo_len=4, **split), prob)
+    prob = decode_problem(rng, [500, 129, 64], qo_lens=[1, 2, 1])
+    check(plan_for(prob, max_qo_len=4, max_kv_len=4096, **split), prob, extra_q_rows=5)

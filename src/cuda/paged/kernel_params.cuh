@@ -29,6 +29,8 @@ struct KernelParams {
   // block indexes are read together with qo_indptr instead of after it (checked, reread on a miss).
   // 0: no guess (prefill, dense).
   int32_t spec_qo_len = 0;
+  // The token kernel: grid.x = batch << tq_shift, 2^tq_shift >= spec_qo_len (CTA x: request x >> tq_shift).
+  int32_t tq_shift = 0;
   // log2(page_size) when it is a power of two (the page of key j is j >> page_shift), else -1.
   int32_t page_shift = -1;
 

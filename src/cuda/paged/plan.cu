@@ -147,13 +147,18 @@ int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
 // request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
-// splits merge in a cluster). Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns
-// it off (benchmarks compare the two kernels in one process).
+// splits merge in a cluster); and MTP plans of up to kTokenMaxQoLen tokens per request when the
+// general kernel would also take one token per tile (G > 8: 16 rows per token), one CTA (or cluster)
+// per token. Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns it off
+// (benchmarks compare the two kernels in one process).
 bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   const AttentionConfig& c = plan.config();
   if (const char* e = std::getenv("MSA_PAGED_TOKEN_KERNEL"); e != nullptr && std::strcmp(e, "0") == 0) return false;
-  if (dev.cc < 90 || plan.max_qo_len() > 1 || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
+  const int tq = std::max(plan.max_qo_len(), 1);
+  if (dev.cc < 90 || tq > kTokenMaxQoLen || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
   if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 1 || c.topk > kTokenMaxTopk) return false;
+  if (tq > 1 && 2 * c.group_size() <= kTokenRows) return false;  // the general kernel packs several tokens per tile
+  if (static_cast<int64_t>(plan.batch_size()) * std::bit_ceil(static_cast<unsigned>(tq)) > INT32_MAX) return false;  // grid.x
   if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
   // Split merge: the push merge of token_kernel.cuh (D-B1 10.24 -> 8.42 us against the pull merge,
   // same run, bench/results/decode-20261129-7454849-push-variants.md), or MSA_PAGED_TOKEN_MERGE=pull
@@ -195,7 +200,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   // the two that fit: M3-TP1 D-B32 (128 items) ran 37.35 us unsplit against 38.94 us with 2 splits;
   // M3-TP4 D-B32 (32 items) 17.04 us with 4 splits, 19.17 with 2, 28.68 with 1; D-B1 10.23 us with
   // 16 and 10.33 with 8 (H200, bench/results/decode-20261129-aeb7545-token-splits.md).
-  const int64_t items = static_cast<int64_t>(plan.batch_size()) * c.num_kv_heads;
+  const int64_t items = static_cast<int64_t>(plan.batch_size()) * tq * c.num_kv_heads;
   const int64_t n_max = std::min<int64_t>(c.topk, std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1));
   const SplitOptions& so = plan.split_options();
   int64_t splits = 1;
@@ -226,15 +231,16 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.threads = kTokenThreads;
   st.group_pad = static_cast<int>(std::bit_ceil(static_cast<unsigned>(c.group_size())));
   st.tile_tokens = 1;
-  st.tiles_per_req = 1;
-  st.num_tiles = plan.batch_size();
+  st.tq_shift = std::bit_width(static_cast<unsigned>(tq) - 1u);  // CTAs per request: tq rounded up to a power of two
+  st.tiles_per_req = 1 << st.tq_shift;
+  st.num_tiles = static_cast<int64_t>(plan.batch_size()) << st.tq_shift;
   st.num_kv_heads = c.num_kv_heads;
   st.splits = static_cast<int>(splits);
   st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
   st.stages = kTokenStages;
   st.push_merge = push_fits && splits > 1;
   st.smem_bytes = st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
-  st.spec_qo_len = 1;
+  st.spec_qo_len = tq;
   st.pdl = true;
   st.cluster_merge = splits > 1;
   return true;

@@ -30,6 +30,7 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   kp.num_stages = s.stages;
   kp.list_cap = s.list_cap;
   kp.spec_qo_len = s.spec_qo_len;
+  kp.tq_shift = s.tq_shift;
   const int ps = p.k.page_size;
   kp.page_shift = ps > 0 && (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
   kp.cluster_merge = s.cluster_merge;

@@ -31,6 +31,7 @@ struct State {
   int list_cap = 0;
   uint32_t smem_bytes = 0;
   int spec_qo_len = 0;     // decode: guessed tokens per request (KernelParams::spec_qo_len)
+  int tq_shift = 0;        // the token kernel: log2 of its CTAs per request (KernelParams::tq_shift)
   bool pdl = false;        // launch with programmatic stream serialization (sm_90+)
   bool cluster_merge = false;  // splits > 1 merge inside a cluster of dims (1, 1, splits) (sm_90)
   bool token_kernel = false;   // the single-token decode kernel (token_kernel.cuh) serves the plan

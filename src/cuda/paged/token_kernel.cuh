@@ -1,7 +1,9 @@
-// The single-token sparse decode kernel (sm_90): one query token per request, head dim 128, a GQA
-// group of at most 16 heads (M3: 16), top-k <= 32 blocks, pages of a multiple of 64 tokens. It computes
-// what the general paged kernel (kernel.cuh) computes for such plans, with less machinery on the
-// critical path of small batches.
+// The single-token sparse decode kernel (sm_90): one query token per CTA (or cluster of splits), head
+// dim 128, a GQA group of at most 16 heads (M3: 16), top-k <= 32 blocks, pages of a multiple of 64
+// tokens; one token per request, or MTP (up to kTokenMaxQoLen tokens per request, a CTA per token, each
+// causal at its own position) when the group takes 16 rows per token. It computes what the general paged
+// kernel (kernel.cuh) computes for such plans, with less machinery on the critical path of small batches
+// (M3-TP4 D-mtp: 39.3 us on the general kernel, 34.1 here; docs/decode.md, fifteenth session).
 //
 // Why a second kernel: at D-B1 (M3-TP1, 16 splits of one block each) the general kernel runs ~13 us,
 // a chain of latency-bound steps, 2224 instructions per warp at 10 cycles each (ncu): the sorted
@@ -146,7 +148,14 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   extern __shared__ __align__(128) unsigned char smem[];
   const AttentionParams& p = kp.a;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int b = blockIdx.x, g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
+  const int g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
+  // CTA x serves token ti of request b: x = (b << tq_shift) + ti, 2^tq_shift = TQ rounded up to a power of
+  // two (TQ = the plan's tokens per request: 1 for plain decode, up to kTokenMaxQoLen for MTP). A shift,
+  // not a division by TQ: b addresses the first trip's reads (a division there cost D-B1 ~0.02 us).
+  const int TQ = kp.spec_qo_len;
+  const int b = static_cast<int>(blockIdx.x >> kp.tq_shift), ti = static_cast<int>(blockIdx.x & ((1u << kp.tq_shift) - 1u));
+  // A full batch of TQ tokens per request has request b's token ti at row x_cta.
+  const int64_t x_cta = static_cast<int64_t>(b) * TQ + ti;
   const uint32_t s_stages = smem_addr(smem) + kTokenSmemStages;
   const uint32_t s_q = smem_addr(smem) + kTokenSmemQ;
   const uint32_t s_p = smem_addr(smem) + kTokenSmemP;
@@ -159,8 +168,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   MSA_TRACE_DECL;
   allow_dependent_launch();
 
-  // ---- 1. the request, and (warp 0) the block indexes of the guessed token row b -------------------
-  // A batch of one token per request has request b at row b: reading the indexes now overlaps the
+  // ---- 1. the request, and (warp 0) the block indexes of the guessed token row x -------------------
+  // A full batch has request b's token ti at row x = b * TQ + ti: reading the indexes now overlaps the
   // qo_indptr read that would otherwise come first; a wrong guess (a ragged batch) reads again.
   const int topk = p.topk;
   const auto read_entry = [&](int64_t tok) {
@@ -168,7 +177,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
                        static_cast<int64_t>(lane) * p.bi_stride_k];
   };
   int32_t entry = -1;
-  if (warp == 0 && lane < topk && b < p.seqs.total_q) entry = read_entry(b);
+  if (warp == 0 && lane < topk && x_cta < p.seqs.total_q) entry = read_entry(x_cta);
   // The request's rows, lengths and page-row bounds, read in the same round trip as the guessed index
   // row, so that the page reads below leave after one round trip (in 7454849 they left after three:
   // ptxas sank the length loads past the early return, which came first; now every one of them is
@@ -179,14 +188,15 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // these and the lengths below sit between the first trip and the page reads on warp 0's path.
   const int32_t total_q32 = static_cast<int32_t>(min(p.seqs.total_q, int64_t{INT32_MAX}));
   const int32_t q0i = min(max(qo_a, 0), total_q32), q1i = min(max(qo_c, q0i), total_q32);
-  const int64_t q0 = q0i, q1 = q1i;
+  // q0: this CTA's token row (request b's row q0i + ti); tokens past the request's qo_len have no CTA work.
+  const int64_t q0 = static_cast<int64_t>(q0i) + ti;
   MSA_TRACE_MARK(1, qo_a + qo_c + pg_a + pg_c + entry);  // the first round trip
-  const bool has_token = q1 > q0;
+  const bool has_token = q1i - q0i > ti && ti < TQ;  // the plan's limit (CTAs past TQ pad the power of two)
   const int kv_len = max(p.seqs.kv_lens[b], 0);
-  const int32_t pos = p.seqs.qo_offset ? p.seqs.qo_offset[b] : kv_len - (q1i - q0i);
-  // Keys [0, kv_hi) are visible to the token (causal: up to its position): max(0, min(kv_len, pos + 1)),
-  // with pos + 1 formed only below kv_len (no overflow).
-  const int kv_hi = p.causal ? (pos >= kv_len ? kv_len : max(pos + 1, 0)) : kv_len;
+  // The token's position (contract: qo_offset[b] + ti, by default kv_len - qo_len + ti), in 64 bits.
+  const int64_t pos = static_cast<int64_t>(p.seqs.qo_offset ? p.seqs.qo_offset[b] : kv_len - (q1i - q0i)) + ti;
+  // Keys [0, kv_hi) are visible to the token (causal: up to its position): max(0, min(kv_len, pos + 1)).
+  const int kv_hi = p.causal ? (pos >= kv_len ? kv_len : static_cast<int>(max(pos + 1, int64_t{0}))) : kv_len;
   int64_t row_base, row_len;
   if (p.pages.indptr) {
     const int64_t cap = p.pages.row_capacity;
@@ -203,7 +213,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   int32_t page[2] = {-1, -1}, off[2] = {0, 0};
   uint32_t key = 0xffffffffu;
   if (warp == 0) {
-    if (q0 != b && lane < topk) entry = has_token ? read_entry(q0) : -1;
+    if (q0 != x_cta && lane < topk) entry = has_token ? read_entry(q0) : -1;
     // A block is taken when it holds a visible key: 0 <= e and e * 128 < kv_hi (below kv_len and, when
     // causal, not past the token's position).
     const bool ok = has_token && lane < topk && entry >= 0 &&
