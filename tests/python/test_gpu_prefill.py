@@ -190,21 +190,9 @@ def test_repeated_runs_are_bitwise_equal(rng, monkeypatch, mode):
         np.testing.assert_array_equal(first[1], again[1])
 
 
-@pytest.mark.parametrize("pattern", ["random", "clustered"])
-def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
-    """With a KV-major path the query-major kernel runs on the plan's side stream beside the KV-major
-    launches (a fork and a join of the caller's stream; src/cuda/common/stream_fork.h). `random`: request
-    0's tiles (63 blocks to pick from) go KV-major, request 1's (8 blocks) query-major; `clustered`: mostly
-    query-major tiles (a pool of 24 blocks per query block), the KV-major launches finding little or nothing
-    to do. The results are bitwise those of the serial order (MSA_SM90_KV_CONCURRENT=0), eagerly on a
-    non-default stream and in every replay of a CUDA graph that captured the call (NaN-poisoned before
-    each), and close to the reference."""
-    prob = problem(rng, [600, 300], [8000, 900], pattern=pattern)
-    t = mt.to_torch(prob, DEV, torch.bfloat16)
-    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "0")
-    serial = run_gpu(plan_for(prob, monkeypatch), prob, t)
-    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "1")
-    plan = plan_for(prob, monkeypatch)
+def eager_and_replays(plan, prob, t, replays=3):
+    """The call eagerly on a non-default stream, then captured once in a CUDA graph and replayed; o and lse
+    NaN-poisoned before each. Returns [eager, replay 1, ...] as numpy (o, lse) pairs."""
     T = t["q"].shape[0]
     out = torch.empty((T, prob.num_qo_heads, prob.head_dim_v), device=DEV, dtype=torch.bfloat16)
     lse = torch.empty((T, prob.num_qo_heads), device=DEV, dtype=torch.float32)
@@ -224,21 +212,62 @@ def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        eager = poisoned_run(call)
+        results = [poisoned_run(call)]
     torch.cuda.current_stream().wait_stream(side)
-    np.testing.assert_array_equal(eager[0], serial[0])
-    np.testing.assert_array_equal(eager[1], serial[1])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
     torch.cuda.synchronize()
-    for _ in range(3):
-        replay = poisoned_run(graph.replay)
-        np.testing.assert_array_equal(replay[0], serial[0])
-        np.testing.assert_array_equal(replay[1], serial[1])
+    results += [poisoned_run(graph.replay) for _ in range(replays)]
+    return results
+
+
+@pytest.mark.parametrize("pattern", ["random", "clustered"])
+def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
+    """With a KV-major path the query-major kernel runs on the plan's side stream beside the KV-major
+    launches (a fork and a join of the caller's stream; src/cuda/common/stream_fork.h). `random`: request
+    0's tiles (63 blocks to pick from) go KV-major, request 1's (8 blocks) query-major; `clustered`: mostly
+    query-major tiles (a pool of 24 blocks per query block), the KV-major launches finding little or nothing
+    to do. The results are bitwise those of the serial order (MSA_SM90_KV_CONCURRENT=0), eagerly on a
+    non-default stream and in every replay of a CUDA graph that captured the call (NaN-poisoned before
+    each), and close to the reference."""
+    prob = problem(rng, [600, 300], [8000, 900], pattern=pattern)
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "0")
+    serial = run_gpu(plan_for(prob, monkeypatch), prob, t)
+    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "1")
+    for run in eager_and_replays(plan_for(prob, monkeypatch), prob, t):
+        np.testing.assert_array_equal(run[0], serial[0])
+        np.testing.assert_array_equal(run[1], serial[1])
     o_ref, lse_ref = mt.ref_attention(prob)
     mt.assert_close(serial[0], o_ref)
     mt.assert_lse_close(serial[1], lse_ref)
+
+
+@pytest.mark.parametrize("case", ["windows", "serial", "dense"])
+def test_pdl_chain_is_bitwise_plain_order(rng, monkeypatch, case):
+    """The run's kernels after the first are launched with programmatic dependent launch (each waits for its
+    predecessor before its first read; PrefillState::pdl). Bitwise the plain stream order (MSA_SM90_PDL=0),
+    eagerly and in graph replays, and close to the reference. windows: the KV-major path over 3 windows
+    (scan -> fill -> KV-major kernel -> merge -> KV-major kernel ... edges) beside the forked query-major
+    kernel; serial: the query-major kernel after the lists on the caller's stream (MSA_SM90_KV_CONCURRENT=0);
+    dense: the query-major kernel right after the schedule."""
+    prob = problem(rng, [600, 300], [8000, 900], pattern=None if case == "dense" else "random")
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "0" if case == "serial" else "1")
+    window_tiles = 80 if case == "windows" else None
+    monkeypatch.setenv("MSA_SM90_PDL", "0")
+    plain = run_gpu(plan_for(prob, monkeypatch, window_tiles=window_tiles), prob, t)
+    monkeypatch.setenv("MSA_SM90_PDL", "1")
+    plan = plan_for(prob, monkeypatch, window_tiles=window_tiles)
+    if case == "windows":
+        assert plan.describe()["windows"] == "3", plan.describe()
+    for run in eager_and_replays(plan, prob, t):
+        np.testing.assert_array_equal(run[0], plain[0])
+        np.testing.assert_array_equal(run[1], plain[1])
+    o_ref, lse_ref = mt.ref_attention(prob)
+    mt.assert_close(plain[0], o_ref)
+    mt.assert_lse_close(plain[1], lse_ref)
 
 
 @pytest.mark.parametrize("pattern", ["clustered", None])

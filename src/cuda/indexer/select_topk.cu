@@ -14,23 +14,12 @@ namespace {
 // Launches with programmatic dependent launch where the device has it (the kernel waits for the previous
 // kernel of the stream before its first read): a decode step's top-k then starts while the scores
 // kernel drains instead of after it.
-void launch(const void* kernel, unsigned grid, unsigned threads, unsigned smem, const SelectTopkParams& p,
-            bool token_fastest, cudaStream_t stream) {
+template <typename Kernel>
+void launch(Kernel kernel, unsigned grid, unsigned threads, unsigned smem, const SelectTopkParams& p, bool token_fastest,
+            cudaStream_t stream) {
   int device = 0;
   MSA_CUDA_CHECK(cudaGetDevice(&device));
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = pdl_supported(device) ? &attr : nullptr;
-  cfg.numAttrs = cfg.attrs ? 1 : 0;
-  SelectTopkParams params = p;
-  void* args[] = {&params, &token_fastest};
-  MSA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kernel, args));
+  launch_kernel(pdl_supported(device), kernel, dim3(grid), dim3(threads), smem, stream, p, token_fastest);
 }
 
 template <int CAP>
@@ -40,18 +29,16 @@ void launch_cap(const SelectTopkParams& p, bool token_fastest, int64_t rows, cud
   const int warps = rows >= 132 * 64 ? 16 : (rows >= 132 * 8 ? 4 : 2);
   const auto grid = static_cast<unsigned>((rows + warps - 1) / warps);
   if (p.seqs.total_q <= kTopkDecodeTokensPerRequest * static_cast<int64_t>(p.seqs.batch_size))
-    launch(reinterpret_cast<const void*>(&select_topk_kernel<CAP, true>), grid, warps * 32, 0, p, token_fastest,
-           stream);
+    launch(&select_topk_kernel<CAP, true>, grid, warps * 32, 0, p, token_fastest, stream);
   else
-    launch(reinterpret_cast<const void*>(&select_topk_kernel<CAP, false>), grid, warps * 32, 0, p, token_fastest,
-           stream);
+    launch(&select_topk_kernel<CAP, false>, grid, warps * 32, 0, p, token_fastest, stream);
 }
 
 void launch_smem(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
   const int smem = (p.max_blocks + 31) / 32 * 32 * static_cast<int>(sizeof(uint32_t));
   auto kernel = select_topk_kernel<0, false>;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  launch(reinterpret_cast<const void*>(kernel), static_cast<unsigned>(rows), 32, smem, p, token_fastest, stream);
+  launch(kernel, static_cast<unsigned>(rows), 32, smem, p, token_fastest, stream);
 }
 
 }  // namespace

@@ -2,6 +2,6 @@
 #include "cuda/sm90/kvmajor_launch.cuh"
 
 namespace msa::detail::cuda::sm90 {
-template void launch_kvmajor<true>(const KvMajorParams&, int, cudaStream_t);
+template void launch_kvmajor<true>(const KvMajorParams&, int, bool, cudaStream_t);
 template bool configure_kvmajor<true>();
 }  // namespace msa::detail::cuda::sm90

@@ -2,6 +2,6 @@
 #include "cuda/sm90/kvmajor_launch.cuh"
 
 namespace msa::detail::cuda::sm90 {
-template void launch_kvmajor<false>(const KvMajorParams&, int, cudaStream_t);
+template void launch_kvmajor<false>(const KvMajorParams&, int, bool, cudaStream_t);
 template bool configure_kvmajor<false>();
 }  // namespace msa::detail::cuda::sm90

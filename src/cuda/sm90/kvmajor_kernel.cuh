@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/pdl.cuh"
 #include "cuda/sm90/config.h"
 #include "cuda/sm90/consumer_math.cuh"
 #include "cuda/sm90/params.h"
@@ -404,6 +405,8 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
 template <bool kBf16>
 __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __grid_constant__ KvMajorParams p) {
 #ifdef MSA_SM90A_DEVICE
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
   KvMajorSmem& s = *reinterpret_cast<KvMajorSmem*>(smem_raw + pad);

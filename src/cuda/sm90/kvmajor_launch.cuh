@@ -2,15 +2,15 @@
 #pragma once
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/sm90/kvmajor_kernel.cuh"
 #include "cuda/sm90/launch.h"
 
 namespace msa::detail::cuda::sm90 {
 
 template <bool kBf16>
-void launch_kvmajor(const KvMajorParams& p, int grid, cudaStream_t stream) {
-  kvmajor_prefill_kernel<kBf16><<<grid, kThreads, kKvMajorSmemBytes, stream>>>(p);
-  MSA_CUDA_CHECK_LAUNCH();
+void launch_kvmajor(const KvMajorParams& p, int grid, bool pdl, cudaStream_t stream) {
+  launch_kernel(pdl, kvmajor_prefill_kernel<kBf16>, dim3(grid), dim3(kThreads), kKvMajorSmemBytes, stream, p);
 }
 
 template <bool kBf16>

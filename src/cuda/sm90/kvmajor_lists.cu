@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/sm90/config.h"
 #include "cuda/sm90/consumer_math.cuh"
 #include "cuda/sm90/kvmajor_lists.h"
@@ -60,6 +61,8 @@ __device__ __forceinline__ void rank_tile(const KvListParams& p, int32_t tile) {
 }
 
 __global__ void __launch_bounds__(kEntryThreads) kv_rank_kernel(KvListParams p) {
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  allow_dependent_launch();
   for (int32_t tile = blockIdx.x; tile < p.sched.num_tiles; tile += gridDim.x) {
     if (kv_major_tile(p, tile)) rank_tile(p, tile);
   }
@@ -156,6 +159,8 @@ __global__ void __launch_bounds__(kScanThreads, 1) kv_scan_kernel(KvListParams p
   __shared__ int4 stage_head[kScanStage];  // request, kv_head, block, start
   __shared__ int32_t stage_count[kScanStage];
   __shared__ int32_t cum_shared[kScanCumShared];
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  allow_dependent_launch();
   const KvLists& L = p.lists;
   const int32_t window = blockIdx.x;
   const int32_t batch = p.seqs.batch_size;
@@ -296,6 +301,8 @@ __device__ __forceinline__ void fill_tile(const KvListParams& p, int32_t tile) {
 }
 
 __global__ void __launch_bounds__(kEntryThreads) kv_fill_kernel(KvListParams p) {
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  allow_dependent_launch();
   for (int32_t tile = blockIdx.x; tile < p.sched.num_tiles; tile += gridDim.x) {
     if (kv_major_tile(p, tile)) fill_tile(p, tile);
   }
@@ -438,37 +445,36 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
 // unbounded, i.e. 1 CTA per SM).
 template <typename Elem>
 __global__ void __launch_bounds__(kMergeThreads, 2) kv_merge_kernel(KvMergeParams p) {
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  allow_dependent_launch();
   if (p.lists.window_kv_tiles[p.window] == 0) return;
   merge_tile<Elem>(p, blockIdx.x);
 }
 
 }  // namespace
 
-void launch_kv_rank(const KvListParams& p, cudaStream_t stream) {
-  kv_rank_kernel<<<std::min(p.sched.num_tiles, kStrideGrid), kEntryThreads, 0, stream>>>(p);
-  MSA_CUDA_CHECK_LAUNCH();
+void launch_kv_rank(const KvListParams& p, bool pdl, cudaStream_t stream) {
+  launch_kernel(pdl, kv_rank_kernel, dim3(std::min(p.sched.num_tiles, kStrideGrid)), dim3(kEntryThreads), 0, stream, p);
 }
 
-void launch_kv_scan(const KvListParams& p, cudaStream_t stream) {
+void launch_kv_scan(const KvListParams& p, bool pdl, cudaStream_t stream) {
   const int32_t span = p.lists.key_span, chunk = scan_chunk_keys(span);
   const int32_t chunks = span > 0 ? (span + chunk - 1) / chunk : 1;
-  kv_scan_kernel<<<dim3(p.lists.num_windows, chunks), kScanThreads, 0, stream>>>(p);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_kernel(pdl, kv_scan_kernel, dim3(p.lists.num_windows, chunks), dim3(kScanThreads), 0, stream, p);
 }
 
-void launch_kv_fill(const KvListParams& p, cudaStream_t stream) {
-  kv_fill_kernel<<<std::min(p.sched.num_tiles, kStrideGrid), kEntryThreads, 0, stream>>>(p);
-  MSA_CUDA_CHECK_LAUNCH();
+void launch_kv_fill(const KvListParams& p, bool pdl, cudaStream_t stream) {
+  launch_kernel(pdl, kv_fill_kernel, dim3(std::min(p.sched.num_tiles, kStrideGrid)), dim3(kEntryThreads), 0, stream, p);
 }
 
-void launch_kv_merge(const KvMergeParams& p, cudaStream_t stream) {
+void launch_kv_merge(const KvMergeParams& p, bool pdl, cudaStream_t stream) {
   const int32_t first = p.window * p.lists.window_tiles;
   const int32_t tiles = std::min(p.lists.window_tiles, p.sched.num_tiles - first);
   if (tiles <= 0) return;
-  const bool bf16 = p.dtype == ScalarType::kBF16;
-  bf16 ? kv_merge_kernel<__nv_bfloat16><<<tiles, kMergeThreads, 0, stream>>>(p)
-       : kv_merge_kernel<__half><<<tiles, kMergeThreads, 0, stream>>>(p);
-  MSA_CUDA_CHECK_LAUNCH();
+  if (p.dtype == ScalarType::kBF16)
+    launch_kernel(pdl, kv_merge_kernel<__nv_bfloat16>, dim3(tiles), dim3(kMergeThreads), 0, stream, p);
+  else
+    launch_kernel(pdl, kv_merge_kernel<__half>, dim3(tiles), dim3(kMergeThreads), 0, stream, p);
 }
 
 }  // namespace msa::detail::cuda::sm90

@@ -24,12 +24,13 @@ struct KvListParams {
 // entry_key / entry_rank of every entry of the KV-major tiles (rank by atomics on the key_stripes (4 or 8)
 // counters of its key in key_count, which must be zero; the rank is the place in the tile's stripe).
 // Order inside a key's list is arbitrary; each entry's result does not depend on it.
-void launch_kv_rank(const KvListParams& p, cudaStream_t stream);
+// pdl (here and below): launched with programmatic dependent launch (PrefillState::pdl).
+void launch_kv_rank(const KvListParams& p, bool pdl, cudaStream_t stream);
 // Per window: key_offset = exclusive scan of the keys' counts (stripes summed), work items of <=
 // kKvItemTokens tokens.
-void launch_kv_scan(const KvListParams& p, cudaStream_t stream);
+void launch_kv_scan(const KvListParams& p, bool pdl, cudaStream_t stream);
 // pairs[key_offset[key] + (the key's lower stripes) + rank] = {q token, window entry}.
-void launch_kv_fill(const KvListParams& p, cudaStream_t stream);
+void launch_kv_fill(const KvListParams& p, bool pdl, cudaStream_t stream);
 
 struct KvMergeParams {
   SeqParams seqs;
@@ -47,6 +48,6 @@ struct KvMergeParams {
 
 // o / lse of every token of the window's KV-major tiles from its slots' partials (a slot without a
 // partial, or with lse = -inf, weighs nothing; no partial at all gives o = 0, lse = -inf).
-void launch_kv_merge(const KvMergeParams& p, cudaStream_t stream);
+void launch_kv_merge(const KvMergeParams& p, bool pdl, cudaStream_t stream);
 
 }  // namespace msa::detail::cuda::sm90

@@ -8,13 +8,14 @@
 
 namespace msa::detail::cuda::sm90 {
 
-// Query-major prefill kernel (dense or sparse); grid = persistent CTAs (<= SM count).
+// Query-major prefill kernel (dense or sparse); grid = persistent CTAs (<= SM count). pdl (both):
+// launched with programmatic dependent launch (PrefillState::pdl).
 template <bool kBf16>
-void launch_qmajor(bool sparse, const QMajorParams& p, int grid, cudaStream_t stream);
+void launch_qmajor(bool sparse, const QMajorParams& p, int grid, bool pdl, cudaStream_t stream);
 
 // KV-major sparse kernel over one window's work items; grid = persistent CTAs.
 template <bool kBf16>
-void launch_kvmajor(const KvMajorParams& p, int grid, cudaStream_t stream);
+void launch_kvmajor(const KvMajorParams& p, int grid, bool pdl, cudaStream_t stream);
 
 // Raise the dynamic shared-memory limit of the kernels of this dtype on the current device; false
 // when this binary holds no sm_90a code for them (they would not run here).

@@ -56,23 +56,24 @@ KvMajorRule sparse_rule(bool sparse, int group) {
            e, "'");
 }
 
-// MSA_SM90_KV_CONCURRENT=0 keeps the query-major kernel on the caller's stream, ahead of the KV-major
-// launches (benchmarks, experiments).
-bool kv_concurrent() {
-  const char* e = std::getenv("MSA_SM90_KV_CONCURRENT");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "1") == 0) return true;
-  if (std::strcmp(e, "0") == 0) return false;
-  MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_CONCURRENT: expected 0 or 1, got '", e, "'");
-}
-
-// MSA_SM90_KV_TMA_STORE=0|1 overrides kKvTmaStore (benchmarks, experiments).
-bool kv_tma_store() {
-  const char* e = std::getenv("MSA_SM90_KV_TMA_STORE");
-  if (e == nullptr || *e == 0) return kKvTmaStore;
+// A 0 / 1 environment variable read at plan time (benchmarks, experiments); unset or empty: dflt.
+bool env_flag(const char* name, bool dflt) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == 0) return dflt;
   if (std::strcmp(e, "0") == 0) return false;
   if (std::strcmp(e, "1") == 0) return true;
-  MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_TMA_STORE: expected 0 or 1, got '", e, "'");
+  MSA_FAIL(kValue, "msa.plan_prefill: environment variable ", name, ": expected 0 or 1, got '", e, "'");
 }
+
+// MSA_SM90_KV_CONCURRENT=0 keeps the query-major kernel on the caller's stream, ahead of the KV-major
+// launches.
+bool kv_concurrent() { return env_flag("MSA_SM90_KV_CONCURRENT", true); }
+
+// MSA_SM90_KV_TMA_STORE=0|1 overrides kKvTmaStore.
+bool kv_tma_store() { return env_flag("MSA_SM90_KV_TMA_STORE", kKvTmaStore); }
+
+// MSA_SM90_PDL=0 launches the run's kernels in plain stream order (see PrefillState::pdl).
+bool chain_pdl() { return env_flag("MSA_SM90_PDL", true); }
 
 // Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4;
 // MSA_SM90_KEY_STRIPES=4|8 overrides (tests, benchmarks).
@@ -212,9 +213,11 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, bool bf16, cu
   lp.bi_stride_k = p.bi_stride_k;
   lp.kv_major = ptr<int32_t>(s.kv_major);
   lp.lists = lists;
-  launch_kv_rank(lp, stream);
-  launch_kv_scan(lp, stream);
-  launch_kv_fill(lp, stream);
+  // rank follows the memset (no PDL edge there); scan, fill, the KV-major kernel and the merge follow
+  // a kernel of this run.
+  launch_kv_rank(lp, false, stream);
+  launch_kv_scan(lp, s.pdl, stream);
+  launch_kv_fill(lp, s.pdl, stream);
 
   const int32_t group = 1 << s.group_shift;
   KvMajorParams kp{};
@@ -256,10 +259,10 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, bool bf16, cu
     kp.window = w;
     mp.window = w;
     if (bf16)
-      launch_kvmajor<true>(kp, s.sm_count, stream);
+      launch_kvmajor<true>(kp, s.sm_count, s.pdl, stream);
     else
-      launch_kvmajor<false>(kp, s.sm_count, stream);
-    launch_kv_merge(mp, stream);
+      launch_kvmajor<false>(kp, s.sm_count, s.pdl, stream);
+    launch_kv_merge(mp, s.pdl, stream);
   }
 }
 
@@ -296,6 +299,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   s->topk = c.topk;
   s->causal = c.causal;
   s->kv_tma_store = kv_tma_store();
+  s->pdl = chain_pdl();
   kv_tail(dev.sm_count, &s->kv_tail_items, &s->kv_tail_sub_tiles);
 
   // The plan's host lengths fix the workspace extents (the device lengths of a run must agree;
@@ -397,7 +401,7 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
       lp.qm_tiles = ptr<int32_t>(s.qm_tiles);
       lp.qm_count = ptr<int32_t>(s.counters) + 1 + 2 * s.num_windows;
     }
-    launch_tile_lists(lp, stream);
+    launch_tile_lists(lp, s.pdl, stream);
     qp.lists.entries = lp.entries;
     qp.lists.count = lp.count;
     qp.lists.kv_major = lp.kv_major;
@@ -411,11 +415,14 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   if (concurrent) s.fork.fork(stream);
   const cudaStream_t q_stream = concurrent ? s.fork.side() : stream;
   const int grid = std::min(s.sm_count, s.num_tiles);
+  // PDL only where the kernel follows the lists (or the schedule) on the caller's stream: the forked
+  // kernel's predecessor on the side stream is an event wait, not a kernel of this run.
+  const bool q_pdl = s.pdl && !concurrent;
   try {
     if (bf16)
-      launch_qmajor<true>(sparse, qp, grid, q_stream);
+      launch_qmajor<true>(sparse, qp, grid, q_pdl, q_stream);
     else
-      launch_qmajor<false>(sparse, qp, grid, q_stream);
+      launch_qmajor<false>(sparse, qp, grid, q_pdl, q_stream);
     if (kv_path) run_kv_major(s, p, bf16, stream);
   } catch (...) {
     if (concurrent) s.fork.join_after_error(stream);

@@ -24,6 +24,13 @@ struct PrefillState {
   KvMajorRule rule = KvMajorRule::kNever;
   bool kv_tma_store = false;  // KV-major partials through TMA stores (config.h kKvTmaStore)
   int32_t kv_tail_items = 0, kv_tail_sub_tiles = 0;  // KvMajorParams::tail_items / tail_sub_tiles
+  // The run's kernels after the first launch with programmatic dependent launch where the previous
+  // launch of the stream is one of ours: lists after schedule, scan / fill / KV-major kernel / merge after
+  // the kernel before them, the query-major kernel when it follows lists or schedule on the caller's
+  // stream. Not rank (after a memset) nor the forked query-major kernel (behind an event), and not the
+  // schedule kernel, whose predecessor is the caller's. Each of those kernels waits for its predecessor
+  // (grid_dependency_wait) before anything else. MSA_SM90_PDL=0: plain stream order.
+  bool pdl = true;
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/pdl.cuh"
 #include "cuda/sm90/config.h"
 #include "cuda/sm90/consumer_math.cuh"
 #include "cuda/sm90/params.h"
@@ -440,6 +441,8 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
 template <bool kBf16, bool kSparse>
 __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __grid_constant__ QMajorParams p) {
 #ifdef MSA_SM90A_DEVICE
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
   QMajorSmem& s = *reinterpret_cast<QMajorSmem*>(smem_raw + pad);

@@ -2,18 +2,18 @@
 #pragma once
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/sm90/launch.h"
 #include "cuda/sm90/qmajor_kernel.cuh"
 
 namespace msa::detail::cuda::sm90 {
 
 template <bool kBf16>
-void launch_qmajor(bool sparse, const QMajorParams& p, int grid, cudaStream_t stream) {
+void launch_qmajor(bool sparse, const QMajorParams& p, int grid, bool pdl, cudaStream_t stream) {
   if (sparse)
-    qmajor_prefill_kernel<kBf16, true><<<grid, kThreads, kQMajorSmemBytes, stream>>>(p);
+    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, true>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream, p);
   else
-    qmajor_prefill_kernel<kBf16, false><<<grid, kThreads, kQMajorSmemBytes, stream>>>(p);
-  MSA_CUDA_CHECK_LAUNCH();
+    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, false>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream, p);
 }
 
 template <bool kBf16>

@@ -2,6 +2,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/sm90/config.h"
 #include "cuda/sm90/schedule.h"
 #include "cuda/sm90/tile_common.cuh"
@@ -23,6 +24,8 @@ __global__ void __launch_bounds__(kScheduleThreads) tile_schedule_kernel(SeqPara
   using Scan = cub::BlockScan<int2, kScheduleThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int2 carry;
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  allow_dependent_launch();
   for (int i = threadIdx.x; i < num_counters; i += blockDim.x) counters[i] = 0;
   if (threadIdx.x == 0) {
     carry = make_int2(0, 0);
@@ -74,6 +77,8 @@ __global__ void __launch_bounds__(kListThreads) tile_lists_kernel(TileListParams
   int32_t* keys = list_smem;                 // [capacity]: block, or kNoBlock
   int32_t* is_rep = list_smem + p.capacity;  // [capacity]
   __shared__ int32_t reps, selections;
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  allow_dependent_launch();
   const int32_t tile = blockIdx.x;
   const int32_t cap = p.capacity;
   if (tile >= live_tiles(p.sched, p.seqs.batch_size)) {
@@ -134,6 +139,8 @@ __global__ void __launch_bounds__(kListWarps * 32) tile_lists_warp_kernel(TileLi
   constexpr uint32_t kInvalid = ~0u;
   const int lane = threadIdx.x & 31;
   const int32_t tile = blockIdx.x * kListWarps + static_cast<int32_t>(threadIdx.x >> 5);
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  allow_dependent_launch();
   if (tile >= p.sched.num_tiles) return;
   if (tile >= live_tiles(p.sched, p.seqs.batch_size)) {
     if (lane == 0) {
@@ -256,24 +263,23 @@ void launch_tile_schedule(const SeqParams& seqs, int32_t tile_tokens, int32_t nu
   MSA_CUDA_CHECK_LAUNCH();
 }
 
-void launch_tile_lists(const TileListParams& p, cudaStream_t stream) {
+void launch_tile_lists(const TileListParams& p, bool pdl, cudaStream_t stream) {
   if (p.sched.num_tiles == 0) return;
-  const int warp_grid = (p.sched.num_tiles + kListWarps - 1) / kListWarps;
+  const dim3 warp_grid((p.sched.num_tiles + kListWarps - 1) / kListWarps), warp_block(kListWarps * 32);
   if (p.capacity <= 32) {
-    tile_lists_warp_kernel<1><<<warp_grid, kListWarps * 32, 0, stream>>>(p);
+    launch_kernel(pdl, tile_lists_warp_kernel<1>, warp_grid, warp_block, 0, stream, p);
   } else if (p.capacity <= 64) {
-    tile_lists_warp_kernel<2><<<warp_grid, kListWarps * 32, 0, stream>>>(p);
+    launch_kernel(pdl, tile_lists_warp_kernel<2>, warp_grid, warp_block, 0, stream, p);
   } else if (p.capacity <= 128) {
-    tile_lists_warp_kernel<4><<<warp_grid, kListWarps * 32, 0, stream>>>(p);
+    launch_kernel(pdl, tile_lists_warp_kernel<4>, warp_grid, warp_block, 0, stream, p);
   } else if (p.capacity <= 256) {
-    tile_lists_warp_kernel<8><<<warp_grid, kListWarps * 32, 0, stream>>>(p);
+    launch_kernel(pdl, tile_lists_warp_kernel<8>, warp_grid, warp_block, 0, stream, p);
   } else if (p.capacity <= kListWarpMaxEntries) {
-    tile_lists_warp_kernel<16><<<warp_grid, kListWarps * 32, 0, stream>>>(p);
+    launch_kernel(pdl, tile_lists_warp_kernel<16>, warp_grid, warp_block, 0, stream, p);
   } else {
     const size_t smem = 2 * sizeof(int32_t) * static_cast<size_t>(p.capacity);
-    tile_lists_kernel<<<p.sched.num_tiles, kListThreads, smem, stream>>>(p);
+    launch_kernel(pdl, tile_lists_kernel, dim3(p.sched.num_tiles), dim3(kListThreads), smem, stream, p);
   }
-  MSA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace msa::detail::cuda::sm90

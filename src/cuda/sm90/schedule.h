@@ -45,6 +45,7 @@ struct TileListParams {
 // bitmask of tokens that chose each block (duplicates inside a row fold into one entry), the tile's
 // path, and the count of KV-major tiles per window. A warp per tile (a sort in registers) up to
 // kListWarpMaxEntries entries per tile, a CTA per tile above.
-void launch_tile_lists(const TileListParams& p, cudaStream_t stream);
+// pdl: launched with programmatic dependent launch (right after the schedule kernel).
+void launch_tile_lists(const TileListParams& p, bool pdl, cudaStream_t stream);
 
 }  // namespace msa::detail::cuda::sm90
