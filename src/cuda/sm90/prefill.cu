@@ -74,6 +74,8 @@ bool kv_tma_store() { return env_flag("MSA_SM90_KV_TMA_STORE", kKvTmaStore); }
 
 // MSA_SM90_PDL=0 launches the run's kernels in plain stream order (see PrefillState::pdl).
 bool chain_pdl() { return env_flag("MSA_SM90_PDL", true); }
+// MSA_SM90_PDL_MERGE=1 also launches the merge with PDL (measured slower, see PrefillState::pdl_merge).
+bool merge_pdl() { return env_flag("MSA_SM90_PDL_MERGE", false); }
 
 // Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4;
 // MSA_SM90_KEY_STRIPES=4|8 overrides (tests, benchmarks).
@@ -262,7 +264,7 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, bool bf16, cu
       launch_kvmajor<true>(kp, s.sm_count, s.pdl, stream);
     else
       launch_kvmajor<false>(kp, s.sm_count, s.pdl, stream);
-    launch_kv_merge(mp, s.pdl, stream);
+    launch_kv_merge(mp, s.pdl && s.pdl_merge, stream);
   }
 }
 
@@ -300,6 +302,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   s->causal = c.causal;
   s->kv_tma_store = kv_tma_store();
   s->pdl = chain_pdl();
+  s->pdl_merge = merge_pdl();
   kv_tail(dev.sm_count, &s->kv_tail_items, &s->kv_tail_sub_tiles);
 
   // The plan's host lengths fix the workspace extents (the device lengths of a run must agree;

@@ -31,6 +31,7 @@ struct PrefillState {
   // schedule kernel, whose predecessor is the caller's. Each of those kernels waits for its predecessor
   // (grid_dependency_wait) before anything else. MSA_SM90_PDL=0: plain stream order.
   bool pdl = true;
+  bool pdl_merge = false;  // the merge too (MSA_SM90_PDL_MERGE=1; under measurement)
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]
