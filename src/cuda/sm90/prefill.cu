@@ -74,8 +74,8 @@ bool kv_tma_store() { return env_flag("MSA_SM90_KV_TMA_STORE", kKvTmaStore); }
 
 // MSA_SM90_PDL=0 launches the run's kernels in plain stream order (see PrefillState::pdl).
 bool chain_pdl() { return env_flag("MSA_SM90_PDL", true); }
-// MSA_SM90_PDL_MERGE=1 also launches the merge with PDL (measured slower, see PrefillState::pdl_merge).
-bool merge_pdl() { return env_flag("MSA_SM90_PDL_MERGE", false); }
+// MSA_SM90_PDL_KV=1 also launches scan, fill and the KV-major kernel with PDL (see PrefillState::pdl_kv).
+bool kv_chain_pdl() { return env_flag("MSA_SM90_PDL_KV", false); }
 
 // Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4;
 // MSA_SM90_KEY_STRIPES=4|8 overrides (tests, benchmarks).
@@ -215,11 +215,12 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, bool bf16, cu
   lp.bi_stride_k = p.bi_stride_k;
   lp.kv_major = ptr<int32_t>(s.kv_major);
   lp.lists = lists;
-  // rank follows the memset (no PDL edge there); scan, fill, the KV-major kernel and the merge follow
-  // a kernel of this run.
+  // rank follows the memset (no PDL edge there); scan, fill and the KV-major kernel follow a kernel of
+  // this run (PDL only with pdl_kv); the merge never (PrefillState::pdl).
+  const bool kv_pdl = s.pdl && s.pdl_kv;
   launch_kv_rank(lp, false, stream);
-  launch_kv_scan(lp, s.pdl, stream);
-  launch_kv_fill(lp, s.pdl, stream);
+  launch_kv_scan(lp, kv_pdl, stream);
+  launch_kv_fill(lp, kv_pdl, stream);
 
   const int32_t group = 1 << s.group_shift;
   KvMajorParams kp{};
@@ -261,10 +262,10 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, bool bf16, cu
     kp.window = w;
     mp.window = w;
     if (bf16)
-      launch_kvmajor<true>(kp, s.sm_count, s.pdl, stream);
+      launch_kvmajor<true>(kp, s.sm_count, kv_pdl, stream);
     else
-      launch_kvmajor<false>(kp, s.sm_count, s.pdl, stream);
-    launch_kv_merge(mp, s.pdl && s.pdl_merge, stream);
+      launch_kvmajor<false>(kp, s.sm_count, kv_pdl, stream);
+    launch_kv_merge(mp, false, stream);
   }
 }
 
@@ -302,7 +303,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   s->causal = c.causal;
   s->kv_tma_store = kv_tma_store();
   s->pdl = chain_pdl();
-  s->pdl_merge = merge_pdl();
+  s->pdl_kv = kv_chain_pdl();
   kv_tail(dev.sm_count, &s->kv_tail_items, &s->kv_tail_sub_tiles);
 
   // The plan's host lengths fix the workspace extents (the device lengths of a run must agree;

@@ -24,14 +24,17 @@ struct PrefillState {
   KvMajorRule rule = KvMajorRule::kNever;
   bool kv_tma_store = false;  // KV-major partials through TMA stores (config.h kKvTmaStore)
   int32_t kv_tail_items = 0, kv_tail_sub_tiles = 0;  // KvMajorParams::tail_items / tail_sub_tiles
-  // The run's kernels after the first launch with programmatic dependent launch where the previous
-  // launch of the stream is one of ours: lists after schedule, scan / fill / KV-major kernel / merge after
-  // the kernel before them, the query-major kernel when it follows lists or schedule on the caller's
-  // stream. Not rank (after a memset) nor the forked query-major kernel (behind an event), and not the
-  // schedule kernel, whose predecessor is the caller's. Each of those kernels waits for its predecessor
-  // (grid_dependency_wait) before anything else. MSA_SM90_PDL=0: plain stream order.
+  // Programmatic dependent launch (PDL) where a launch follows a kernel of this run on the same stream:
+  // the lists after the schedule, the query-major kernel right after the lists (or the schedule) on the
+  // caller's stream (not when forked: its predecessor there is an event wait). Each kernel that may be
+  // launched so waits for its predecessor (grid_dependency_wait) before anything else. MSA_SM90_PDL=0:
+  // plain stream order. pdl_kv (MSA_SM90_PDL_KV=1) adds scan, fill and the KV-major kernel: H200, in one
+  // process (prefill-20261130-f8af4b0-pdl-ab.md), that made M3-TP4 P-chunk `random` slower, 263.6-264.4 ->
+  // 268.3-269.2 us (its timed calls bimodal, 259-262 and 268-270), M3-TP1 P-32K faster (6652-6867 ->
+  // 6534-6553), the others equal. The merge is never launched so: with PDL it took 77 -> 87 us (M3-TP4
+  // P-chunk) and 277 -> 315 us (M3-TP1 P-chunk), its CTAs waiting on the SMs the KV-major kernel left.
   bool pdl = true;
-  bool pdl_merge = false;  // the merge too (MSA_SM90_PDL_MERGE=1; under measurement)
+  bool pdl_kv = false;
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]
