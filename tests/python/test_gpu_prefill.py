@@ -246,8 +246,8 @@ def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
 
 @pytest.mark.parametrize("case", ["windows", "serial", "dense"])
 def test_pdl_chain_is_bitwise_plain_order(rng, monkeypatch, case):
-    """Launches that follow a kernel of the run use programmatic dependent launch (each kernel waits for its
-    predecessor before its first read; PrefillState::pdl). Bitwise the plain stream order (MSA_SM90_PDL=0),
+    """With MSA_SM90_PDL=1 the launches that follow a kernel of the run use programmatic dependent launch (each
+    kernel waits for its predecessor before its first read; PrefillState::pdl). Bitwise the plain stream order,
     eagerly and in graph replays, and close to the reference. windows: the KV-major path over 3 windows with
     its chain under PDL too (MSA_SM90_PDL_KV=1: scan -> fill -> KV-major kernel, merge -> next window's
     KV-major kernel) beside the forked query-major kernel; serial: the query-major kernel after the lists on
