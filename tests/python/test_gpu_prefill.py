@@ -246,12 +246,12 @@ def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
 
 @pytest.mark.parametrize("case", ["windows", "serial", "dense"])
 def test_pdl_chain_is_bitwise_plain_order(rng, monkeypatch, case):
-    """With MSA_SM90_PDL=1 the launches that follow a kernel of the run use programmatic dependent launch (each
-    kernel waits for its predecessor before its first read; PrefillState::pdl). Bitwise the plain stream order,
-    eagerly and in graph replays, and close to the reference. windows: the KV-major path over 3 windows with
-    its chain under PDL too (MSA_SM90_PDL_KV=1: scan -> fill -> KV-major kernel, merge -> next window's
-    KV-major kernel) beside the forked query-major kernel; serial: the query-major kernel after the lists on
-    the caller's stream (MSA_SM90_KV_CONCURRENT=0); dense: the query-major kernel right after the schedule."""
+    """The launches that follow a kernel of the run use programmatic dependent launch (each kernel waits for its
+    predecessor before its first read; PrefillState::pdl). Bitwise the plain stream order (MSA_SM90_PDL=0),
+    eagerly and in graph replays, and close to the reference. windows: the KV-major path over 3 windows
+    (scan -> fill -> KV-major kernel, merge -> next window's KV-major kernel) beside the forked query-major
+    kernel; serial: the query-major kernel after the lists on the caller's stream (MSA_SM90_KV_CONCURRENT=0);
+    dense: the query-major kernel right after the schedule."""
     prob = problem(rng, [600, 300], [8000, 900], pattern=None if case == "dense" else "random")
     t = mt.to_torch(prob, DEV, torch.bfloat16)
     monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "0" if case == "serial" else "1")
@@ -259,7 +259,7 @@ def test_pdl_chain_is_bitwise_plain_order(rng, monkeypatch, case):
     monkeypatch.setenv("MSA_SM90_PDL", "0")
     plain = run_gpu(plan_for(prob, monkeypatch, window_tiles=window_tiles), prob, t)
     monkeypatch.setenv("MSA_SM90_PDL", "1")
-    monkeypatch.setenv("MSA_SM90_PDL_KV", "1" if case == "windows" else "0")
+    monkeypatch.setenv("MSA_SM90_PDL_KV", "1")
     plan = plan_for(prob, monkeypatch, window_tiles=window_tiles)
     if case == "windows":
         assert plan.describe()["windows"] == "3", plan.describe()

@@ -72,10 +72,10 @@ bool kv_concurrent() { return env_flag("MSA_SM90_KV_CONCURRENT", true); }
 // MSA_SM90_KV_TMA_STORE=0|1 overrides kKvTmaStore.
 bool kv_tma_store() { return env_flag("MSA_SM90_KV_TMA_STORE", kKvTmaStore); }
 
-// MSA_SM90_PDL=1 launches the lists and the unforked query-major kernel with PDL (see PrefillState::pdl).
-bool chain_pdl() { return env_flag("MSA_SM90_PDL", false); }
-// MSA_SM90_PDL_KV=1 also launches scan, fill and the KV-major kernel with PDL (see PrefillState::pdl_kv).
-bool kv_chain_pdl() { return env_flag("MSA_SM90_PDL_KV", false); }
+// MSA_SM90_PDL=0 launches the run's kernels in plain stream order (see PrefillState::pdl).
+bool chain_pdl() { return env_flag("MSA_SM90_PDL", true); }
+// MSA_SM90_PDL_KV=0 keeps scan, fill and the KV-major kernel out of it (see PrefillState::pdl_kv).
+bool kv_chain_pdl() { return env_flag("MSA_SM90_PDL_KV", true); }
 
 // Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4;
 // MSA_SM90_KEY_STRIPES=4|8 overrides (tests, benchmarks).

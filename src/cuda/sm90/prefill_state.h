@@ -24,20 +24,19 @@ struct PrefillState {
   KvMajorRule rule = KvMajorRule::kNever;
   bool kv_tma_store = false;  // KV-major partials through TMA stores (config.h kKvTmaStore)
   int32_t kv_tail_items = 0, kv_tail_sub_tiles = 0;  // KvMajorParams::tail_items / tail_sub_tiles
-  // Programmatic dependent launch (PDL, MSA_SM90_PDL=1; off by default, measured below) where a launch
-  // follows a kernel of this run on the same stream: the lists after the schedule, the query-major kernel
-  // right after the lists (or the schedule) on the caller's stream (not when forked: its predecessor there
-  // is an event wait). Every kernel of the run waits for its predecessor (grid_dependency_wait) before
-  // anything else, so either launch is correct. pdl_kv (MSA_SM90_PDL_KV=1) adds scan, fill and the KV-major
-  // kernel. H200, in one process each: with every launch after the first under PDL (the merge included),
-  // the merge took 77 -> 87 us at M3-TP4 P-chunk and 277 -> 315 us at M3-TP1 P-chunk (its CTAs waiting on
-  // the SMs the KV-major kernel left); without the merge (prefill-20261130-f8af4b0-pdl-ab.md) M3-TP4 P-chunk
-  // `random` went 263.6-264.4 -> 268.3-269.2 us (timed calls bimodal, 259-262 and 268-270), M3-TP1 P-32K
-  // 6652-6867 -> 6534-6553, the others equal; with the lists alone (ab08373, prefill-20261130-ab08373-pdl-
-  // front-ab.md) M3-TP4 P-chunk `random` 265.1 -> 272.7 us, `shared` 133.8 -> 133.0, M3-TP1 P-chunk `random`
-  // 914.3 -> 910.5. The row nearest its bar loses, so plain stream order stays the default.
-  bool pdl = false;
-  bool pdl_kv = false;
+  // Programmatic dependent launch (PDL) where a launch follows a kernel of this run on the same stream:
+  // the lists after the schedule, the query-major kernel right after the lists (or the schedule) on the
+  // caller's stream (not when forked: its predecessor there is an event wait), and (pdl_kv) scan, fill and
+  // the KV-major kernel after the kernel before them. Every kernel of the run waits for its predecessor
+  // (grid_dependency_wait) before anything else, so either launch is correct. The merge is never launched
+  // so: with PDL it took 77 -> 87 us at M3-TP4 P-chunk `random` and 277 -> 315 us at M3-TP1 (its CTAs
+  // sit waiting on the SMs the KV-major kernel leaves). H200, variants in one process, two processes
+  // (prefill-20261130-4907ef9-pdl-order-ab.md; the first row of a process reads ~3% slow whatever its
+  // settings, so a throw-away row leads): M3-TP4 P-chunk `random` plain 263.5-265.4 us, lists only
+  // 262.6-263.1, with pdl_kv 260.8-261.1; M3-TP1 P-chunk equal within 0.5%. MSA_SM90_PDL=0 /
+  // MSA_SM90_PDL_KV=0 turn them off.
+  bool pdl = true;
+  bool pdl_kv = true;
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]
