@@ -65,8 +65,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (LAST_TIMES, capture_graph, ceilings, environment, main_guard, parse_variants, row,  # noqa: E402
-                    time_eager, time_flushed, time_graph, write_results)
+from common import (LAST_TIMES, capture_graph, ceilings, environment, flush_buffer, main_guard,  # noqa: E402
+                    parse_variants, row, time_eager, time_flushed, time_graph, write_results)
 from gpu_monitor import GpuMonitor  # noqa: E402
 
 import msa  # noqa: E402
@@ -345,7 +345,7 @@ def kernel_timeline(call, replays: int = 3, flush_bytes: int = 0) -> dict:
     g = capture_graph([call], warmup=1)
     g.replay()
     torch.cuda.synchronize()
-    cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda") if flush_bytes else None
+    cache = flush_buffer(flush_bytes) if flush_bytes else None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             if cache is not None:
