@@ -34,6 +34,13 @@ struct KernelParams {
   // log2(page_size) when it is a power of two (the page of key j is j >> page_shift), else -1.
   int32_t page_shift = -1;
 
+  // The token kernel, before its PDL wait, prefetches into the L2 the lines of its first trip (index row,
+  // lengths) and the first prefetch_page_entries entries of the request's page-table row (dense form:
+  // those up to the plan's max_kv_len, at most kTokenPrefetchPageEntries; 0 for the flat form, whose row
+  // base is itself a device read).
+  bool prewait_prefetch = false;
+  int32_t prefetch_page_entries = 0;
+
   // S > 1 on sm_90: the S splits of an item form one thread-block cluster and merge through
   // distributed shared memory (split_merge.cuh); the workspaces below are then unused.
   bool cluster_merge = false;

@@ -242,6 +242,11 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.smem_bytes = st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
   st.spec_qo_len = tq;
   st.pdl = true;
+  // Before the PDL wait, the L2 prefetch of the first trip's lines (index row, lengths) and the page-table
+  // row: under PDL the grid is resident while the previous kernel runs, so the first trips hit the L2.
+  // MSA_PAGED_PREFETCH=0 turns it off (measured against it: docs/decode.md, sixteenth session).
+  const char* pf = std::getenv("MSA_PAGED_PREFETCH");
+  st.prewait_prefetch = pf == nullptr || std::strcmp(pf, "0") != 0;
   st.cluster_merge = splits > 1;
   return true;
 }
