@@ -167,3 +167,35 @@ def test_mtp_offsets_splits_and_spare_rows(rng, kernel, split):
     check(plan_for(prob, max_qo_len=4, **split), prob)
     prob = decode_problem(rng, [500, 129, 64], qo_lens=[1, 2, 1])
     check(plan_for(prob, max_qo_len=4, max_kv_len=4096, **split), prob, extra_q_rows=5)
+
+
+@pytest.mark.parametrize("layout", ["plain", "flat", "htk", "mtp"])
+def test_prewait_prefetch_changes_no_bit(rng, monkeypatch, layout):
+    """The L2 prefetch before the PDL wait (MSA_PAGED_PREFETCH: 1 index row, 2 lengths, 4 page-table row;
+    default 7) is a hint: every subset gives the bits of none, on dense and flat page tables, both index
+    layouts and MTP (where the guessed rows of a ragged batch are wrong)."""
+    qo_lens = [3, 1, 0, 2] if layout == "mtp" else None
+    prob = decode_problem(rng, [30000, 9000, 700, 1], qo_lens=qo_lens, topk=16, empty_row_prob=0.1,
+                          flat_pages=layout == "flat", index_layout="HTK" if layout == "htk" else "THK")
+    tensors = mt.to_torch(prob, "cuda", torch.bfloat16)
+    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1")
+    outs = {}
+    for bits in ("0", "1", "2", "4", "7"):
+        monkeypatch.setenv("MSA_PAGED_PREFETCH", bits)
+        plan = plan_for(prob, max_qo_len=4 if layout == "mtp" else 1)
+        assert plan.describe()["paged"] == "token", plan.describe()
+        outs[bits] = run_gpu(plan, prob, tensors)
+    for bits in ("1", "2", "4", "7"):
+        np.testing.assert_array_equal(outs[bits][0], outs["0"][0])
+        np.testing.assert_array_equal(outs[bits][1], outs["0"][1])
+    o_ref, lse_ref = mt.ref_attention(prob)
+    mt.assert_close(outs["7"][0], o_ref)
+
+
+def test_prewait_prefetch_knob_rejects_bad_values(rng, monkeypatch):
+    prob = decode_problem(rng, [700, 1], topk=16)
+    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1")
+    for bad in ("8", "-1", "all"):
+        monkeypatch.setenv("MSA_PAGED_PREFETCH", bad)
+        with pytest.raises(ValueError, match=f"MSA_PAGED_PREFETCH.*expected 0..7, got '{bad}'"):
+            plan_for(prob, max_qo_len=1)

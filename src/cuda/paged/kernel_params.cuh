@@ -38,7 +38,7 @@ struct KernelParams {
   // lengths) and the first prefetch_page_entries entries of the request's page-table row (dense form:
   // those up to the plan's max_kv_len, at most kTokenPrefetchPageEntries; 0 for the flat form, whose row
   // base is itself a device read).
-  bool prewait_prefetch = false;
+  int32_t prewait_prefetch = 0;       // kTokenPrefetch* bits (token_config.h)
   int32_t prefetch_page_entries = 0;
 
   // S > 1 on sm_90: the S splits of an item form one thread-block cluster and merge through

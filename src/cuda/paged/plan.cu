@@ -244,9 +244,16 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.pdl = true;
   // Before the PDL wait, the L2 prefetch of the first trip's lines (index row, lengths) and the page-table
   // row: under PDL the grid is resident while the previous kernel runs, so the first trips hit the L2.
-  // MSA_PAGED_PREFETCH=0 turns it off (measured against it: docs/decode.md, sixteenth session).
-  const char* pf = std::getenv("MSA_PAGED_PREFETCH");
-  st.prewait_prefetch = pf == nullptr || std::strcmp(pf, "0") != 0;
+  // MSA_PAGED_PREFETCH=N picks what (a bitmask: 1 the index row, 2 the lengths, 4 the page-table row; 0 none;
+  // default 7), to measure each part (docs/decode.md, sixteenth session).
+  st.prewait_prefetch = kTokenPrefetchAll;
+  if (const char* e = std::getenv("MSA_PAGED_PREFETCH"); e != nullptr && *e != 0) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    MSA_CHECK(*end == 0 && v >= 0 && v <= kTokenPrefetchAll, kValue,
+              "msa.plan_decode: environment variable MSA_PAGED_PREFETCH: expected 0..", kTokenPrefetchAll, ", got '", e, "'");
+    st.prewait_prefetch = static_cast<int>(v);
+  }
   st.cluster_merge = splits > 1;
   return true;
 }

@@ -36,7 +36,7 @@ struct State {
   bool cluster_merge = false;  // splits > 1 merge inside a cluster of dims (1, 1, splits) (sm_90)
   bool token_kernel = false;   // the single-token decode kernel (token_kernel.cuh) serves the plan
   bool push_merge = false;     // ... with its push split merge (default; MSA_PAGED_TOKEN_MERGE=pull: the pull one)
-  bool prewait_prefetch = false;  // ... prefetching its first trip's lines before the PDL wait (MSA_PAGED_PREFETCH=0: off)
+  int prewait_prefetch = 0;     // ... prefetching its first trip's lines before the PDL wait (kTokenPrefetch* bits)
 
   DeviceBuffer part_o;     // fp32 [items, splits, rows, head_dim] (splits > 1 without a cluster merge)
   DeviceBuffer part_lse;   // fp32 [items, splits, rows]
