@@ -169,21 +169,25 @@ def test_mtp_offsets_splits_and_spare_rows(rng, kernel, split):
     check(plan_for(prob, max_qo_len=4, max_kv_len=4096, **split), prob, extra_q_rows=5)
 
 
-@pytest.mark.parametrize("layout", ["plain", "flat", "htk", "mtp"])
-def test_prewait_prefetch_changes_no_bit(rng, monkeypatch, layout):
-    """The L2 prefetch before the PDL wait (MSA_PAGED_PREFETCH: 1 index row, 2 lengths, 4 page-table row;
-    default 7) is a hint: every subset gives the bits of none, on dense and flat page tables, both index
-    layouts and MTP (where the guessed rows of a ragged batch are wrong)."""
+@pytest.mark.parametrize("which", ["token", "general"])
+@pytest.mark.parametrize("layout", ["plain", "flat", "htk", "mtp", "dense"])
+def test_prewait_prefetch_changes_no_bit(rng, monkeypatch, which, layout):
+    """The L2 prefetch before the PDL wait (MSA_PAGED_PREFETCH: 1 index rows, 2 lengths, 4 page-table row;
+    default 7) is a hint: every subset gives the bits of none, in both decode kernels (the general one at G = 8
+    and with the token kernel off), on dense and flat page tables, both index layouts, MTP (where the guessed
+    rows of a ragged batch are wrong) and dense decode."""
     qo_lens = [3, 1, 0, 2] if layout == "mtp" else None
     prob = decode_problem(rng, [30000, 9000, 700, 1], qo_lens=qo_lens, topk=16, empty_row_prob=0.1,
+                          group=16 if which == "token" else 8, pattern=None if layout == "dense" else "random",
                           flat_pages=layout == "flat", index_layout="HTK" if layout == "htk" else "THK")
     tensors = mt.to_torch(prob, "cuda", torch.bfloat16)
-    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1")
+    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1" if which == "token" else "0")
     outs = {}
     for bits in ("0", "1", "2", "4", "7"):
         monkeypatch.setenv("MSA_PAGED_PREFETCH", bits)
         plan = plan_for(prob, max_qo_len=4 if layout == "mtp" else 1)
-        assert plan.describe()["paged"] == "token", plan.describe()
+        if layout != "dense":
+            assert plan.describe()["paged"] == which, plan.describe()
         outs[bits] = run_gpu(plan, prob, tensors)
     for bits in ("1", "2", "4", "7"):
         np.testing.assert_array_equal(outs[bits][0], outs["0"][0])

@@ -30,6 +30,7 @@
 #include "cuda/paged/config.cuh"
 #include "cuda/paged/kernel_params.cuh"
 #include "cuda/paged/merge_math.cuh"
+#include "cuda/paged/prewait_prefetch.cuh"
 #include "cuda/paged/ptx.cuh"
 #include "cuda/paged/request.cuh"
 #include "cuda/paged/split_merge.cuh"
@@ -113,6 +114,15 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   uint64_t* list_mask = reinterpret_cast<uint64_t*>(smem + L.list_mask);
 
   // ---- 1. the tile and its request -------------------------------------------------------------
+  // Decode (PDL: the grid is resident while the previous kernel runs): the first trips' lines into the L2
+  // before the wait, for the guessed token rows of a full batch (prewait_prefetch.cuh).
+  if (kp.prewait_prefetch != 0 && !kp.scan_tiles && warp == 0) {
+    const int pb = blockIdx.x / kp.tiles_per_req;
+    const int64_t pfirst = static_cast<int64_t>(blockIdx.x % kp.tiles_per_req) * kp.tile_tokens;
+    const int64_t pleft = kp.spec_qo_len - pfirst;
+    const int pnt = static_cast<int>(pleft <= 0 ? 0 : (pleft < kp.tile_tokens ? pleft : kp.tile_tokens));
+    prefetch_first_trips(kp, lane, pb, blockIdx.y, static_cast<int64_t>(pb) * kp.spec_qo_len + pfirst, pnt);
+  }
   grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
   allow_dependent_launch(); // the next kernel may take free SM slots and wait there for this one
   const int g = blockIdx.y, split = blockIdx.z, S = kp.num_splits;

@@ -8,6 +8,12 @@
 
 namespace msa::detail::cuda::paged {
 
+// What a decode CTA prefetches into the L2 before its PDL wait (KernelParams::prewait_prefetch, a bitmask;
+// MSA_PAGED_PREFETCH), and at most how many page-table entries (64 lines of 128 bytes, two per lane of warp 0:
+// a request of up to 262144 tokens at 128-token pages).
+constexpr int kPrefetchIndexes = 1, kPrefetchLengths = 2, kPrefetchPages = 4, kPrefetchAll = 7;
+constexpr int kPrefetchPageEntries = 2048;
+
 struct KernelParams {
   AttentionParams a;
   float scale_log2 = 0.f;  // sm_scale * log2(e): logits live in the exp2 domain
@@ -34,11 +40,10 @@ struct KernelParams {
   // log2(page_size) when it is a power of two (the page of key j is j >> page_shift), else -1.
   int32_t page_shift = -1;
 
-  // The token kernel, before its PDL wait, prefetches into the L2 the lines of its first trip (index row,
-  // lengths) and the first prefetch_page_entries entries of the request's page-table row (dense form:
-  // those up to the plan's max_kv_len, at most kTokenPrefetchPageEntries; 0 for the flat form, whose row
-  // base is itself a device read).
-  int32_t prewait_prefetch = 0;       // kTokenPrefetch* bits (token_config.h)
+  // Decode, before the PDL wait: the L2 prefetch of the first trip's lines (index rows, lengths) and of the
+  // first prefetch_page_entries entries of the request's page-table row (dense form: those up to the plan's
+  // max_kv_len, at most kPrefetchPageEntries; 0 for the flat form, whose row base is itself a device read).
+  int32_t prewait_prefetch = 0;       // kPrefetch* bits
   int32_t prefetch_page_entries = 0;
 
   // S > 1 on sm_90: the S splits of an item form one thread-block cluster and merge through

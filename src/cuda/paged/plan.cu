@@ -14,6 +14,7 @@
 #include "cuda/paged/config.cuh"
 #include "cuda/paged/kernel_table.h"
 #include "cuda/paged/split_merge.cuh"
+#include "cuda/paged/kernel_params.cuh"
 #include "cuda/paged/state.cuh"
 #include "cuda/paged/token_config.h"
 #include "cuda/plan_state.h"
@@ -145,6 +146,21 @@ std::string unsupported_reason(const char* fn, const AttentionConfig& c) {
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Before the PDL wait, the decode kernels prefetch into the L2 the lines of their first trips (the guessed
+// index rows, the lengths) and of the request's page-table row: under PDL the grid is resident while the
+// previous kernel runs, so those trips hit the L2. MSA_PAGED_PREFETCH=N picks what (a bitmask: 1 the index
+// rows, 2 the lengths, 4 the page-table row; 0 none; default 7), to measure each part (docs/decode.md,
+// sixteenth session).
+int prewait_prefetch_bits() {
+  const char* e = std::getenv("MSA_PAGED_PREFETCH");
+  if (e == nullptr || *e == 0) return kPrefetchAll;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  MSA_CHECK(*end == 0 && v >= 0 && v <= kPrefetchAll, kValue,
+            "msa.plan_decode: environment variable MSA_PAGED_PREFETCH: expected 0..", kPrefetchAll, ", got '", e, "'");
+  return static_cast<int>(v);
+}
+
 // The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
 // request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
 // splits merge in a cluster); and MTP plans of up to kTokenMaxQoLen tokens per request when the
@@ -242,18 +258,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.smem_bytes = st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
   st.spec_qo_len = tq;
   st.pdl = true;
-  // Before the PDL wait, the L2 prefetch of the first trip's lines (index row, lengths) and the page-table
-  // row: under PDL the grid is resident while the previous kernel runs, so the first trips hit the L2.
-  // MSA_PAGED_PREFETCH=N picks what (a bitmask: 1 the index row, 2 the lengths, 4 the page-table row; 0 none;
-  // default 7), to measure each part (docs/decode.md, sixteenth session).
-  st.prewait_prefetch = kTokenPrefetchAll;
-  if (const char* e = std::getenv("MSA_PAGED_PREFETCH"); e != nullptr && *e != 0) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    MSA_CHECK(*end == 0 && v >= 0 && v <= kTokenPrefetchAll, kValue,
-              "msa.plan_decode: environment variable MSA_PAGED_PREFETCH: expected 0..", kTokenPrefetchAll, ", got '", e, "'");
-    st.prewait_prefetch = static_cast<int>(v);
-  }
+  st.prewait_prefetch = prewait_prefetch_bits();
   st.cluster_merge = splits > 1;
   return true;
 }
@@ -408,6 +413,7 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   st->splits = static_cast<int>(splits);
   st->spec_qo_len = decode && c.topk > 0 ? max_qo : 0;
   st->pdl = dev.cc >= 90;
+  st->prewait_prefetch = decode && st->pdl ? prewait_prefetch_bits() : 0;
   if (splits > 1 && !st->cluster_merge) {
     const size_t rows_total = static_cast<size_t>(items) * splits * rows;
     st->part_o = DeviceBuffer(rows_total * D * sizeof(float));

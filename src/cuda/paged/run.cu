@@ -6,7 +6,6 @@
 #include "cuda/paged/kernel_params.cuh"
 #include "cuda/paged/kernel_table.h"
 #include "cuda/paged/state.cuh"
-#include "cuda/paged/token_config.h"
 #include "cuda/plan_state.h"
 #include "msa/error.h"
 
@@ -37,10 +36,10 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   const int ps = p.k.page_size;
   kp.page_shift = ps > 0 && (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
   kp.cluster_merge = s.cluster_merge;
-  kp.prewait_prefetch = s.token_kernel ? s.prewait_prefetch : 0;
-  if ((kp.prewait_prefetch & kTokenPrefetchPages) != 0 && p.pages.indptr == nullptr && ps > 0) {
+  kp.prewait_prefetch = s.prewait_prefetch;
+  if ((kp.prewait_prefetch & kPrefetchPages) != 0 && p.pages.indptr == nullptr && ps > 0) {
     const int64_t pages = std::min(p.pages.row_capacity, (p.max_kv_len + ps - 1) / ps);
-    kp.prefetch_page_entries = static_cast<int32_t>(std::clamp<int64_t>(pages, 0, kTokenPrefetchPageEntries));
+    kp.prefetch_page_entries = static_cast<int32_t>(std::clamp<int64_t>(pages, 0, kPrefetchPageEntries));
   }
   bool pdl = s.pdl;
   if (s.splits > 1 && !s.cluster_merge) {

@@ -16,11 +16,6 @@ constexpr int kTokenHeadDim = 128;
 constexpr int kTokenTileKeys = 64;   // keys per pipeline stage: a page of >= 64 keys holds a whole tile
 constexpr int kTokenStages = 3;
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
-// Page-table entries a CTA prefetches into the L2 before its PDL wait (64 lines of 128 bytes, two per lane of
-// warp 0): a request of up to 262144 tokens at 128-token pages.
-constexpr int kTokenPrefetchPageEntries = 2048;
-// What a CTA prefetches before its PDL wait (KernelParams::prewait_prefetch; MSA_PAGED_PREFETCH).
-constexpr int kTokenPrefetchIndexes = 1, kTokenPrefetchLengths = 2, kTokenPrefetchPages = 4, kTokenPrefetchAll = 7;
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
 // MTP: tokens per request (grid.x = batch x max_qo_len, one CTA or cluster per token). The issue's
 // speculative decode takes 1-8; longer rows go to the general kernel (tiles of one token as well).

@@ -32,6 +32,7 @@
 #include "cuda/paged/config.cuh"
 #include "cuda/paged/kernel_params.cuh"
 #include "cuda/paged/merge_math.cuh"
+#include "cuda/paged/prewait_prefetch.cuh"
 #include "cuda/paged/ptx.cuh"
 #include "cuda/paged/request.cuh"
 #include "cuda/paged/split_merge.cuh"
@@ -164,25 +165,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   TokenTile* tiles = reinterpret_cast<TokenTile*>(smem + kTokenSmemTiles);
   int* n_tiles_smem = reinterpret_cast<int*>(smem + kTokenSmemCount);
 
-  // Before the wait, while the previous kernel of the stream runs (PDL: this grid is already resident), warp 0
-  // brings into the L2 the lines its first trips read: the guessed index row, the request's lengths and
-  // page-table row. Hints only (prefetch_l2): every read still comes after the wait.
-  if (kp.prewait_prefetch != 0 && warp == 0) {
-    const int what = kp.prewait_prefetch;
-    if ((what & kTokenPrefetchIndexes) && lane < p.topk && x_cta < p.seqs.total_q)
-      prefetch_l2(p.block_idx + x_cta * p.bi_stride_token + static_cast<int64_t>(g) * p.bi_stride_head +
-                  static_cast<int64_t>(lane) * p.bi_stride_k);
-    if (what & kTokenPrefetchLengths) {
-      if (lane == 31) prefetch_l2(p.seqs.qo_indptr + b);
-      if (lane == 30) prefetch_l2(p.seqs.kv_lens + b);
-      if (lane == 29 && p.seqs.qo_offset) prefetch_l2(p.seqs.qo_offset + b);
-      if (lane == 28 && p.pages.indptr) prefetch_l2(p.pages.indptr + b);
-    }
-    // Entries 32i of the dense row, and its last (a row need not start on a line); n = 0 without the bit.
-    const int n = kp.prefetch_page_entries;
-    const int32_t* row = p.pages.table + static_cast<int64_t>(b) * p.pages.row_stride;
-    for (int i = lane; i <= (n + 31) / 32 && n > 0; i += 32) prefetch_l2(row + min(32 * i, n - 1));
-  }
+  // Before the wait (PDL: the grid is resident while the previous kernel runs): the first trips' lines into
+  // the L2 (prewait_prefetch.cuh).
+  if (kp.prewait_prefetch != 0 && warp == 0) prefetch_first_trips(kp, lane, b, g, x_cta, 1);
   grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
   MSA_TRACE_DECL;
   allow_dependent_launch();
