@@ -203,18 +203,3 @@ def test_prewait_prefetch_knob_rejects_bad_values(rng, monkeypatch):
         monkeypatch.setenv("MSA_PAGED_PREFETCH", bad)
         with pytest.raises(ValueError, match=f"MSA_PAGED_PREFETCH.*expected 0..7, got '{bad}'"):
             plan_for(prob, max_qo_len=1)
-
-
-def test_two_waves_knob(rng, monkeypatch):
-    """MSA_PAGED_TOKEN_WAVES=2 (a measurement knob: two CTAs per SM in the split rule) doubles the splits of a
-    small batch and stays within tolerance of the reference; other values are refused by name."""
-    prob = decode_problem(rng, [30000, 9000, 700, 1], topk=16, empty_row_prob=0.1)
-    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1")
-    one = plan_for(prob, max_qo_len=1)
-    monkeypatch.setenv("MSA_PAGED_TOKEN_WAVES", "2")
-    two = plan_for(prob, max_qo_len=1)
-    assert int(two.describe()["splits"]) >= int(one.describe()["splits"]), (one.describe(), two.describe())
-    check(two, prob)
-    monkeypatch.setenv("MSA_PAGED_TOKEN_WAVES", "3")
-    with pytest.raises(ValueError, match="MSA_PAGED_TOKEN_WAVES.*expected 1 or 2, got '3'"):
-        plan_for(prob, max_qo_len=1)

@@ -227,14 +227,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     if (splits > 1 && clusters_fit(splits, false) < 1) return false;
     push_fits = push && clusters_fit(splits, true) >= 1;
   } else {
-    // MSA_PAGED_TOKEN_WAVES=2: two CTAs per SM (both fit) instead of one, to measure the rule above again.
-    int64_t waves = 1;
-    if (const char* e = std::getenv("MSA_PAGED_TOKEN_WAVES"); e != nullptr && *e != 0) {
-      MSA_CHECK(std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0, kValue,
-                "msa.plan_decode: environment variable MSA_PAGED_TOKEN_WAVES: expected 1 or 2, got '", e, "'");
-      waves = e[0] - '0';
-    }
-    const int64_t slots = waves * dev.sm_count;
+    const int64_t slots = dev.sm_count;
     splits = items >= slots ? 1 : std::min(slots / items, n_max);
     if (so.max_splits > 0) splits = std::min<int64_t>(splits, so.max_splits);
     splits = std::clamp<int64_t>(splits, 1, kTokenMaxSplits);

@@ -76,8 +76,6 @@ bool kv_tma_store() { return env_flag("MSA_SM90_KV_TMA_STORE", kKvTmaStore); }
 bool chain_pdl() { return env_flag("MSA_SM90_PDL", true); }
 // MSA_SM90_PDL_KV=0 keeps scan, fill and the KV-major kernel out of it (see PrefillState::pdl_kv).
 bool kv_chain_pdl() { return env_flag("MSA_SM90_PDL_KV", true); }
-// MSA_SM90_LIST_PREFETCH=0: the tile lists do not prefetch the block indexes before their wait.
-bool list_prefetch() { return env_flag("MSA_SM90_LIST_PREFETCH", true); }
 
 // Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4;
 // MSA_SM90_KEY_STRIPES=4|8 overrides (tests, benchmarks).
@@ -306,7 +304,6 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   s->kv_tma_store = kv_tma_store();
   s->pdl = chain_pdl();
   s->pdl_kv = kv_chain_pdl();
-  s->list_prefetch = list_prefetch();
   kv_tail(dev.sm_count, &s->kv_tail_items, &s->kv_tail_sub_tiles);
 
   // The plan's host lengths fix the workspace extents (the device lengths of a run must agree;
@@ -400,7 +397,6 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
     lp.count = ptr<int32_t>(s.list_count);
     lp.kv_major = ptr<int32_t>(s.kv_major);
     lp.capacity = s.list_capacity;
-    lp.prefetch = s.list_prefetch;
     if (s.num_windows > 0) {
       lp.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
       lp.window_tiles = s.window_tiles;

@@ -37,9 +37,6 @@ struct PrefillState {
   // MSA_SM90_PDL_KV=0 turn them off.
   bool pdl = true;
   bool pdl_kv = true;
-  // The tile lists' CTAs prefetch their share of the block indexes into the L2 before their PDL wait, while
-  // the schedule kernel runs (schedule.cu; MSA_SM90_LIST_PREFETCH=0: not).
-  bool list_prefetch = true;
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]

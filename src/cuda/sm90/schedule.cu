@@ -68,23 +68,6 @@ __device__ __forceinline__ void finish_tile(const TileListParams& p, int32_t til
   if (!kv && p.qm_tiles != nullptr) p.qm_tiles[atomicAdd(p.qm_count, 1)] = tile;
 }
 
-// Before the PDL wait (the schedule kernel runs meanwhile): CTA c of the lists grid names to the L2 its share
-// of the block indexes' lines, 1/gridDim.x of the tensor's extent, so that the lists' reads after the wait
-// hit the L2. A hint (prefetch.global.L2 reaches neither registers nor the L1, and the L2 is the point of
-// coherence); the tensor is the caller's input, the same lines whatever the tiles' order.
-__device__ __forceinline__ void prefetch_block_idx_share(const TileListParams& p) {
-  const int64_t total_q = p.seqs.total_q;
-  if (!p.prefetch || total_q <= 0 || p.topk <= 0) return;
-  const int64_t extent = (total_q - 1) * p.bi_stride_token + (p.sched.num_kv_heads - 1) * p.bi_stride_head +
-                         static_cast<int64_t>(p.topk - 1) * p.bi_stride_k + 1;  // elements from block_idx[0]
-  const int64_t lines = (extent + 31) / 32 + 1;  // 128-byte lines (the tensor need not start on one)
-  const int64_t share = (lines + gridDim.x - 1) / gridDim.x;
-  for (int64_t i = threadIdx.x; i < share; i += blockDim.x) {
-    const int64_t e = min((static_cast<int64_t>(blockIdx.x) * share + i) * 32, extent - 1);
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p.block_idx + e));
-  }
-}
-
 // One CTA per tile. The union is built by ranking: entry x is the representative of its block if
 // no earlier entry holds the same block; a representative's slot in the sorted list is the number
 // of representatives with a smaller block, its mask the OR of the tokens of all equal entries.
@@ -94,7 +77,6 @@ __global__ void __launch_bounds__(kListThreads) tile_lists_kernel(TileListParams
   int32_t* keys = list_smem;                 // [capacity]: block, or kNoBlock
   int32_t* is_rep = list_smem + p.capacity;  // [capacity]
   __shared__ int32_t reps, selections;
-  prefetch_block_idx_share(p);
   grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
   allow_dependent_launch();
   const int32_t tile = blockIdx.x;
@@ -157,7 +139,6 @@ __global__ void __launch_bounds__(kListWarps * 32) tile_lists_warp_kernel(TileLi
   constexpr uint32_t kInvalid = ~0u;
   const int lane = threadIdx.x & 31;
   const int32_t tile = blockIdx.x * kListWarps + static_cast<int32_t>(threadIdx.x >> 5);
-  prefetch_block_idx_share(p);
   grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
   allow_dependent_launch();
   if (tile >= p.sched.num_tiles) return;

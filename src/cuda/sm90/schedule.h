@@ -35,7 +35,6 @@ struct TileListParams {
   int32_t* count = nullptr;   // [sched.num_tiles]
   int32_t* kv_major = nullptr;  // [sched.num_tiles]
   int32_t capacity = 0;       // tile_tokens * topk
-  bool prefetch = false;      // each CTA prefetches its share of block_idx into the L2 before its PDL wait
   int32_t* window_kv_tiles = nullptr;  // [windows]: KV-major tiles counted per window (zeroed); null: none
   int32_t window_tiles = 1;            // tiles per KV-major window
   int32_t* qm_tiles = nullptr;         // [sched.num_tiles]: query-major tiles appended here; null: not listed
