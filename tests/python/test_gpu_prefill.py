@@ -244,18 +244,19 @@ def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
     mt.assert_lse_close(serial[1], lse_ref)
 
 
-@pytest.mark.parametrize("case", ["windows", "serial", "dense"])
+@pytest.mark.parametrize("case", ["windows", "serial", "dense", "htk"])
 def test_pdl_chain_is_bitwise_plain_order(rng, monkeypatch, case):
     """The launches that follow a kernel of the run use programmatic dependent launch (each kernel waits for its
     predecessor before its first read; PrefillState::pdl). Bitwise the plain stream order (MSA_SM90_PDL=0),
     eagerly and in graph replays, and close to the reference. windows: the KV-major path over 3 windows
     (scan -> fill -> KV-major kernel, merge -> next window's KV-major kernel) beside the forked query-major
     kernel; serial: the query-major kernel after the lists on the caller's stream (MSA_SM90_KV_CONCURRENT=0);
-    dense: the query-major kernel right after the schedule."""
-    prob = problem(rng, [600, 300], [8000, 900], pattern=None if case == "dense" else "random")
+    dense: the query-major kernel right after the schedule; htk: windows with the [Hkv, T, topk] index layout."""
+    prob = problem(rng, [600, 300], [8000, 900], pattern=None if case == "dense" else "random",
+                   **(dict(index_layout="HTK") if case == "htk" else {}))
     t = mt.to_torch(prob, DEV, torch.bfloat16)
     monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "0" if case == "serial" else "1")
-    window_tiles = 80 if case == "windows" else None
+    window_tiles = 80 if case in ("windows", "htk") else None
     monkeypatch.setenv("MSA_SM90_PDL", "0")
     plain = run_gpu(plan_for(prob, monkeypatch, window_tiles=window_tiles), prob, t)
     monkeypatch.setenv("MSA_SM90_PDL", "1")
