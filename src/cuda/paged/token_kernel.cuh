@@ -79,6 +79,12 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
                                                    const Emit& emit) {
   static_assert(W == 1 || W == 2 || W == 4 || W == 8, "W values per thread: one vector load or two");
   constexpr int kGroups = D / W;
+  // The splits a W variant can see: it serves owned = ceil(G / S) rows (the caller's dispatch) with G <= 16, so
+  // owned >= 5 (W = 8) means S <= 3, owned 3..4 (W = 4) S <= 7, owned 2 (W = 2) S <= 15. (B) runs that many
+  // split steps instead of 16: the ones it leaves out added fmaf(0, 0, acc) = acc and sum + 0, so the bits
+  // are the same (M3-TP4 D-B64's merge at S = 2 took ~1850 cycles with 16, token-trace-20261130-615cc6b).
+  static_assert(kTokenRows <= 16 && kMaxClusterSplits == 16, "the split bounds below assume G <= 16");
+  constexpr int kSplitSteps = W == 8 ? 4 : W == 4 ? 8 : 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int jj = warp; jj < owned; jj += kTokenThreads / 32) {  // (A)
     // The max by a butterfly over the lanes (lane s: split s) instead of a fold in split order: the
@@ -108,7 +114,7 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
     if (m != -INFINITY) {
       float sum = 0.f;
 #pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s) {
+      for (int s = 0; s < kSplitSteps; ++s) {
         const float wt = wrow[s];
         sum += wt;
         float x[W];
