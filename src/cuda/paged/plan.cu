@@ -12,9 +12,9 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/paged/config.cuh"
+#include "cuda/paged/kernel_params.cuh"
 #include "cuda/paged/kernel_table.h"
 #include "cuda/paged/split_merge.cuh"
-#include "cuda/paged/kernel_params.cuh"
 #include "cuda/paged/state.cuh"
 #include "cuda/paged/token_config.h"
 #include "cuda/plan_state.h"
