@@ -109,6 +109,8 @@ class Inputs:
         ppr = math.ceil(int(w.kv_lens.max()) / P)
         perm = torch.randperm(pool.pages, device=DEV, generator=gen)[:B * ppr]
         self.page_table = perm.view(B, ppr).to(torch.int32).contiguous()
+        # The same rows as the flat table sglang's drop-in used to pass (kv_page_indptr = b * ppr).
+        self.page_indptr = torch.arange(0, (B + 1) * ppr, ppr, device=DEV, dtype=torch.int32)
         self.pos = (torch.from_numpy(np.repeat(w.kv_lens, n)).to(DEV)
                     - n + torch.arange(n, device=DEV).repeat(B)).to(torch.int64)
         self.block_idx = random_selection(self.pos, hkv, gen) if w.sparse else None
@@ -129,9 +131,10 @@ class Inputs:
                 total += int(np.minimum(BLOCK, kv[b] - blocks * BLOCK).sum())
         return total * D * 2 * 2
 
-    def call(self, plan):
-        msa.attention(plan, self.q, self.pool.k, self.pool.v, self.page_table, self.qo_indptr, self.kv_lens,
-                      block_idx=self.block_idx, out=self.out)
+    def call(self, plan, flat: bool = False):
+        table = self.page_table.view(-1) if flat else self.page_table
+        msa.attention(plan, self.q, self.pool.k, self.pool.v, table, self.qo_indptr, self.kv_lens,
+                      block_idx=self.block_idx, out=self.out, page_indptr=self.page_indptr if flat else None)
 
 
 def check_rows(x: Inputs, w: Workload, hq: int, hkv: int, gen_np) -> float:
@@ -199,16 +202,18 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
         kv_bytes = sum(x.kv_bytes(w, hkv) for x in inputs) / rot
         qo_bytes = 2 * w.batch * w.qo_len * hq * D * 2
         pattern = "random" if w.sparse else "dense"
-        variants = [(f"msa{suffix}", 0, env) for suffix, env in args.variants]
+        tables = {"dense": [False], "flat": [True], "both": [False, True]}[args.page_table]
+        variants = [(f"msa{'-flat' if flat else ''}{suffix}", 0, env, flat) for suffix, env in args.variants
+                    for flat in tables]
         if args.sweep_splits and w.batch <= 32:
-            variants += [(f"msa-splits{s}{suffix}", s, env) for s in (1, 2, 4, 8, 16) if w.batch * s <= 512
+            variants += [(f"msa-splits{s}{suffix}", s, env, False) for s in (1, 2, 4, 8, 16) if w.batch * s <= 512
                          for suffix, env in args.variants]
-        for impl, max_splits, env in variants:
+        for impl, max_splits, env, flat in variants:
             with environment(env):
                 plan = msa.plan_decode(w.batch, w.qo_len, int(w.kv_lens.max()), num_qo_heads=hq, num_kv_heads=hkv,
                                        head_dim=D, page_size=P, topk=TOPK if w.sparse else 0, device=DEV,
                                        max_splits=max_splits)
-            rotated = [(lambda x=x: x.call(plan)) for x in inputs]
+            rotated = [(lambda x=x: x.call(plan, flat)) for x in inputs]
             us = time_graph(None, iters=args.iters, rotate=rotated, back_to_back=True)
             isolated = time_graph(None, iters=args.iters, rotate=rotated)
             torch.cuda.synchronize()
@@ -216,7 +221,8 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
             gbps = (kv_bytes + qo_bytes) / (us * 1e-6) / 1e9
             ratio = gbps / ceil["copy_gbps"]
             meets = None
-            default_splits = "-splits" not in impl and shape.startswith("M3")  # the bars are the M3 shapes'
+            # the bars are the M3 shapes' default plans with the dense table
+            default_splits = "-splits" not in impl and not flat and shape.startswith("M3")
             if w.bar and default_splits:
                 kind, _, limit = w.bar.partition(">=") if ">=" in w.bar else w.bar.partition("<=")
                 meets = ratio >= float(limit) if kind == "ratio" else us <= float(limit)
@@ -243,6 +249,9 @@ def main():
     ap.add_argument("--only", nargs="+", default=None,
                     help="workload names to run, comma- or space-separated (e.g. D-B1,D-mtp or D-B1 D-mtp; "
                          "scripts/device_check.sh turns commas into spaces)")
+    ap.add_argument("--page-table", choices=["dense", "flat", "both"], default="dense",
+                    help="the page table's form: dense [B, pages] (default), flat with page_indptr (rows 'msa-flat'), "
+                         "or both")
     ap.add_argument("--iters", type=int, default=None, help="graph replays timed (default 20 quick, 50 full)")
     ap.add_argument("--variants", help="'NAME:VAR=V,VAR=V;NAME2:...' environment settings read at plan time, one "
                     "msa row each (e.g. 'tok:MSA_PAGED_TOKEN_KERNEL=1;gen:MSA_PAGED_TOKEN_KERNEL=0')")

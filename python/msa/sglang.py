@@ -221,6 +221,19 @@ def update_msa_decode_cg_meta(
     torch.cumsum(seq_lens, 0, dtype=torch.int32, out=info["kv_segment_offsets"][1:])
     torch.arange(0, (B + 1) * max_pages, max_pages, dtype=torch.int32, out=info["kv_page_indptr"])
     info["qo_offset"].copy_(seq_lens - 1).clamp_min_(0)
+    info["decode_page_rows"] = (kv_indices_buf, B, max_pages)
+
+
+def _dense_page_rows(info: dict, kv_indices: torch.Tensor) -> Optional[torch.Tensor]:
+    """kv_indices as the [B, max_pages] table update_msa_decode_cg_meta wrote into it (the rows its
+    kv_page_indptr = b * max_pages points at), or None for any other buffer. The kernels read the two forms
+    alike, but only the dense one names a request's page row before the PDL wait, so its lines are
+    prefetched into the L2 with the index row's (docs/decode.md, sixteenth / seventeenth sessions)."""
+    rows = info.get("decode_page_rows")
+    if rows is None or kv_indices is not rows[0]:  # identity, not data_ptr: torch.compile traces this
+        return None
+    B, max_pages = rows[1], rows[2]
+    return kv_indices[:B * max_pages].view(B, max_pages)
 
 
 def msa_sparse_decode_main(
@@ -251,5 +264,6 @@ def msa_sparse_decode_main(
                                                  topk_idx.shape[-1])
     o, _ = fmha_sm100(q, k_paged, v_paged, plan, kv_indices=kv_indices,
                       kv_block_indexes=topk_idx.permute(1, 0, 2).to(torch.int32), sm_scale=sm_scale,
-                      q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+                      q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                      page_table=_dense_page_rows(_plan_dict(fn, plan), kv_indices))
     return o

@@ -302,6 +302,14 @@ def test_sglang_decode_steps_with_a_persistent_plan(rng):
         mt.assert_close(o.float().numpy(), mt.ref_attention(state.problem(batch))[0])
         assert not o[1].any(), "a padded request (seq_len 0) returns o = 0"
         assert torch.equal(o, msg.msa_sparse_decode_main(*args)), "without plan: build_msa_decode_meta"
+        # The buffer update_msa_decode_cg_meta wrote is read as the dense [B, nb_max] table (its rows are
+        # kv_page_indptr's b * nb_max), any other buffer through the flat form; both give the same bits.
+        rows = msg._dense_page_rows(plan[3], kv_indices)
+        assert rows.shape == (B, nb_max) and rows.data_ptr() == kv_indices.data_ptr()
+        assert msg._dense_page_rows(plan[3], kv_indices.clone()) is None
+        flat, _ = fmha_sm100(t["q"], msg._paged("t", k_pool, 128), msg._paged("t", v_pool, 128), plan,
+                             kv_indices=kv_indices, kv_block_indexes=t["topk_idx"].permute(1, 0, 2).to(torch.int32))
+        assert torch.equal(o, flat), "dense page rows and the flat table give the same bits"
 
 
 def test_sglang_refusals(rng):

@@ -127,6 +127,11 @@ def test_sglang_decode_20_steps_under_one_cuda_graph(rng):
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert torch.equal(o_graph, o_eager), f"step {step}: graph replay differs from eager"
+        # msa_sparse_decode_main reads kv_buf as the dense [B, max_pages] table (so the page row is
+        # prefetched before the PDL wait); through the flat table and kv_page_indptr the bits are the same.
+        flat, _ = fmha_sm100(q_buf, msg._paged("t", k_pool, P), msg._paged("t", v_pool, P), plan,
+                             kv_indices=kv_buf, kv_block_indexes=topk_buf.permute(1, 0, 2))
+        assert torch.equal(o_eager, flat), f"step {step}: the dense page rows differ from the flat table"
         assert not o_graph[2].any(), "the padded request returns o = 0"
         mt.assert_close(host(o_graph), mt.ref_attention(state.problem(batch))[0], what=f"o at step {step}")
 
