@@ -97,10 +97,15 @@ void TensorView::init(void* data, DType dtype, int ndim, const int64_t* shape, c
   dtype_ = dtype;
   device_ = device;
   ndim_ = ndim;
+  // A tensor of no elements addresses no memory, so its strides say nothing; exporters give such tensors any
+  // strides (numpy 2 gives (0, ..., 0), which torch.from_numpy keeps), and the layout checks would refuse them.
+  // It gets the row-major strides of its shape.
+  bool empty = false;
+  for (int i = 0; i < ndim; ++i) empty = empty || shape[i] == 0;
   int64_t running = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     shape_[i] = shape[i];
-    strides_[i] = strides ? strides[i] : running;
+    strides_[i] = strides && !empty ? strides[i] : running;
     running *= shape[i] > 0 ? shape[i] : 1;
   }
   present_ = true;

@@ -75,6 +75,18 @@ def test_all_slots_empty_and_zero_query_requests(rng):
     assert (o == 0).all() and np.isneginf(lse).all()
 
 
+def test_a_batch_of_no_tokens_with_any_strides(rng):
+    """A q (and block_idx, o) of 0 rows addresses no memory, so any strides are accepted: numpy 2 gives every
+    empty array strides (0, ..., 0), and torch.from_numpy keeps them (found by test_gpu_fuzz.py's sweep)."""
+    prob = mt.make_problem(rng, qo_lens=[0, 0], kv_lens=[300, 0], num_qo_heads=4, num_kv_heads=1, head_dim=64, topk=3)
+    a = mt.to_numpy(prob)
+    q = np.lib.stride_tricks.as_strided(a["q"], shape=a["q"].shape, strides=(0, 0, 0))
+    bi = np.lib.stride_tricks.as_strided(a["block_idx"], shape=a["block_idx"].shape, strides=(0, 0, 0))
+    o, lse = msa.attention(plan_for(prob), q, a["k_cache"], a["v_cache"], a["page_table"], a["qo_indptr"],
+                           a["kv_lens"], block_idx=bi, return_lse=True)
+    assert o.shape == (0, 4, 64) and lse.shape == (0, 4)
+
+
 @pytest.mark.parametrize("kv_lens", [[1, 127, 129], [255, 257, 383]])
 def test_lengths_not_multiple_of_128(rng, kv_lens):
     check(mt.make_problem(rng, qo_lens=[1, 20, 33], kv_lens=kv_lens, num_qo_heads=2, num_kv_heads=1,

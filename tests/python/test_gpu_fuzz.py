@@ -1,0 +1,393 @@
+"""A seeded random-configuration sweep ("fuzz") of msa.attention against the float64 reference of
+msa_testing, for the combinations that the hand-picked cases of test_gpu_attention.py, test_gpu_prefill.py
+and test_gpu_token_decode.py do not name. Each seed draws (draw_case) one valid configuration: phase
+(decode 60% / prefill 40%), bf16 / fp16, KV heads 1-4, group 1-32 (mostly 16), head dim 64/128/256, page
+size (16-256, 7, 192), sparse top-k 1-64 with the random / clustered / shared selections or dense (a
+quarter of the cases take MiniMax-M3's G=16, D=128, top-k 16/32, which the token decode kernel and the
+sm90 prefill serve); a ragged batch of 1-9 requests (qo_len 0, empty requests, lengths around multiples of
+128, decode contexts up to ~5000 with 1-8 tokens, prefill chunks up to 300 after prefixes, explicit
+qo_offset with keys after the chunk, non-causal rows that see no key); causal or not; unsorted rows with
+-1 slots and empty rows; the flat or dense page table, the slot-major pool, the [Hkv, T, topk] index
+layout; decode plans with limits above the batch's and q / block_idx rows past qo_indptr; max_splits /
+fixed_split_blocks; the kernel-choice environment knobs; sm_scale, lse optional, validate. The lengths
+are shrunk until the case's make_problem + ref_attention cost (ref_cost, a conservative estimate) fits
+COST_BUDGET. Outputs are poisoned (NaN) before every run; a failure prints the drawn case, which
+draw_case(seed) rebuilds exactly.
+
+test_draw_case_is_valid_and_deterministic (CPU) checks every draw; test_cpu_fuzz runs the CPU backend on
+draws of its own (fp32 and head_dim_v != head_dim too); test_gpu_fuzz (marked gpu) is the GPU sweep.
+
+    PYTHONPATH=build/python python3 -m pytest -q tests/python/test_gpu_fuzz.py
+    PYTHONPATH=build/python python3 -m pytest -q "tests/python/test_gpu_fuzz.py::test_gpu_fuzz[seed17]"
+    MSA_FUZZ_FIRST_SEED=1000 MSA_FUZZ_SEEDS=2000 PYTHONPATH=build/python python3 -m pytest -q -m gpu \
+        tests/python/test_gpu_fuzz.py                                # a longer soak over other seeds
+"""
+import math
+import os
+import pprint
+
+import numpy as np
+import pytest
+
+import msa
+import msa_testing as mt
+
+FIRST_SEED = int(os.environ.get("MSA_FUZZ_FIRST_SEED", "0"))
+SEEDS = range(FIRST_SEED, FIRST_SEED + int(os.environ.get("MSA_FUZZ_SEEDS", "120")))
+CPU_SEEDS = range(30)
+
+COST_BUDGET = 1.0       # estimated CPU seconds of make_problem + ref_attention per GPU case (measured: ~0.3x)
+CPU_COST_BUDGET = 0.3   # the same for the CPU-backend sweep (which also runs the C++ reference)
+
+# Estimated CPU costs (one core of the development machine, one BLAS thread as conftest sets; rather high
+# than low): make_problem draws and rounds every K / V / q element and loops in Python over (token, KV head)
+# to build sparse selections; ref_attention loops over (token, KV head), builds the visible keys block by
+# block, gathers them from the pages and runs two small matmuls of G x keys x D.
+C_PAIR_REF = 20e-6      # s per (token, KV head) in ref_attention
+C_BLOCK_REF = 4e-6      # s per visible 128-key block of a sparse row in ref_attention
+C_PAIR_SEL = 20e-6      # s per (token, KV head) in make_problem's selection loop (sparse only)
+C_GEN = 50e-9           # s per random element drawn and rounded (K, V pool and q)
+C_GATHER = 1.5e-9       # s per visible key x (D + Dv) gathered and converted
+C_MAC = 0.1e-9          # s per visible key x G x (D + Dv) multiply-add
+
+
+def _pick(r, values, p=None):
+    """One of values (python scalar), optionally weighted."""
+    i = int(r.choice(len(values), p=None if p is None else np.asarray(p, float) / np.sum(p)))
+    return values[i]
+
+
+def _decode_lengths(r, B, qmax, ragged, zero_q, causal, explicit_offset, scale):
+    qo, kv, off = [], [], []
+    for _ in range(B):
+        ql = int(r.integers(1, qmax + 1)) if ragged else qmax
+        if zero_q and r.random() < 0.25:
+            ql = 0
+        kind = _pick(r, ["short", "mid", "long", "edge"], [0.3, 0.35, 0.2, 0.15])
+        if kind == "short":
+            kl = int(r.integers(1, 300))
+        elif kind == "mid":
+            kl = int(r.integers(300, 2000))
+        elif kind == "long":
+            kl = int(r.integers(2000, 5001))
+        else:  # around a multiple of 128: the last block full, one key past it, one short of it
+            kl = 128 * int(r.integers(1, 24)) + int(r.integers(-1, 2))
+        kl = max(int(kl * scale), ql, 1)
+        if ql == 0 and r.random() < 0.4:
+            kl = 0  # an empty request
+        o = kl - ql
+        if explicit_offset:
+            if causal:
+                o = int(r.integers(0, kl - ql + 1))      # keys after the chunk when o < kl - ql
+            else:
+                o = int(r.integers(0, kl + 1))
+                if r.random() < 0.15:
+                    kl = int(r.integers(0, ql + 1))      # non-causal: fewer keys than queries, maybe none
+        qo.append(ql)
+        kv.append(kl)
+        off.append(o)
+    return qo, kv, off
+
+
+def _prefill_lengths(r, B, zero_q, causal, explicit_offset, scale):
+    qo, kv, off = [], [], []
+    for _ in range(B):
+        kind = _pick(r, ["one", "small", "mid", "zero"], [0.1, 0.3, 0.5, 0.1 if zero_q else 0.0])
+        if kind in ("one", "zero"):
+            ql = 1 if kind == "one" else 0
+        else:
+            ql = max(int((int(r.integers(2, 41)) if kind == "small" else int(r.integers(41, 301))) * scale), 1)
+        pkind = _pick(r, ["none", "any", "edge"], [0.35, 0.5, 0.15])
+        prefix = 0 if pkind == "none" else (int(r.integers(1, 1500)) if pkind == "any"
+                                            else 128 * int(r.integers(1, 12)) + int(r.integers(-1, 2)))
+        prefix = int(prefix * scale)
+        tail = int(r.integers(1, 400) * scale) if explicit_offset and r.random() < 0.6 else 0
+        kl = prefix + ql + tail                         # tail: keys after the chunk (explicit offsets only)
+        o = prefix
+        if explicit_offset and not causal and r.random() < 0.15:
+            o, kl = int(r.integers(0, 200)), int(r.integers(0, ql + 1))  # fewer keys than queries, maybe none
+        qo.append(ql)
+        kv.append(kl)
+        off.append(o)
+    return qo, kv, off
+
+
+def visible_bound(qo_lens, kv_lens, qo_offset, causal, topk):
+    """Upper bounds of the keys and of the 128-key blocks visible to one KV head, summed over tokens: the
+    causal range, and for sparse problems at most topk blocks of it."""
+    keys = blocks = 0
+    for ql, kl, o in zip(qo_lens, kv_lens, qo_offset):
+        if ql == 0 or kl <= 0:
+            continue
+        hi = np.minimum(kl, o + np.arange(ql) + 1) if causal else np.full(ql, kl)
+        nb = -(-np.maximum(hi, 0) // mt.BLOCK)
+        if topk:
+            hi, nb = np.minimum(hi, topk * mt.BLOCK), np.minimum(nb, topk)
+        keys += int(np.maximum(hi, 0).sum())
+        blocks += int(nb.sum())
+    return keys, blocks
+
+
+def ref_cost(case) -> float:
+    """Estimated CPU seconds of make_problem + ref_attention for the case (see the C_* constants)."""
+    p = case["problem"]
+    Hkv, Hq = p["num_kv_heads"], p["num_qo_heads"]
+    G, D = Hq // Hkv, p["head_dim"]
+    Dv = p["head_dim_v"] or D
+    P = p["page_size"]
+    T = sum(p["qo_lens"])
+    off = p["qo_offset"] if p["qo_offset"] is not None else [k - q for q, k in zip(p["qo_lens"], p["kv_lens"])]
+    keys, blocks = visible_bound(p["qo_lens"], p["kv_lens"], off, p["causal"], p["topk"] if p["pattern"] else 0)
+    keys, blocks = keys * Hkv, blocks * Hkv if p["pattern"] else 0
+    pages = sum(math.ceil(k / P) for k in p["kv_lens"]) + p["spare_pages"]
+    gen = pages * P * Hkv * (D + Dv) + T * Hq * D
+    pairs = T * Hkv
+    return (pairs * (C_PAIR_REF + (C_PAIR_SEL if p["pattern"] else 0.0)) + blocks * C_BLOCK_REF + gen * C_GEN
+            + keys * (D + Dv) * (C_GATHER + G * C_MAC))
+
+
+def draw_case(seed: int, backend: str = "gpu") -> dict:
+    """One valid configuration, drawn from np.random.default_rng(seed) alone (the problem's data come from
+    the seed too: case["data_seed"]). backend "gpu" draws what the CUDA kernels serve (D = Dv in 64/128/256,
+    bf16 / fp16); "cpu" also draws fp32 and Dv != D, with a smaller cost budget."""
+    assert backend in ("gpu", "cpu")
+    r = np.random.default_rng(seed)
+    decode = r.random() < 0.6
+    if backend == "cpu":
+        dtype = _pick(r, ["bf16", "fp16", "fp32"], [0.6, 0.2, 0.2])
+    else:
+        dtype = _pick(r, ["bf16", "fp16"], [0.8, 0.2])
+    num_kv_heads = _pick(r, [1, 2, 3, 4], [0.4, 0.25, 0.1, 0.25])
+    group = _pick(r, [1, 2, 4, 8, 12, 16, 32], [0.06, 0.06, 0.12, 0.1, 0.1, 0.44, 0.12])
+    head_dim = _pick(r, [64, 128, 256], [0.2, 0.6, 0.2])
+    head_dim_v = None
+    if backend == "cpu" and r.random() < 0.2:
+        head_dim_v = _pick(r, [32, 64, 128])
+    page_size = _pick(r, [16, 32, 64, 128, 256, 7, 192], [0.12, 0.1, 0.16, 0.32, 0.14, 0.08, 0.08])
+    sparse = r.random() < 0.7
+    topk = _pick(r, [1, 4, 8, 16, 32, 64], [0.03, 0.14, 0.18, 0.4, 0.2, 0.05]) if sparse else 0
+    if r.random() < 0.25:  # MiniMax-M3's shape: what the token decode kernel and the sm90 prefill serve
+        num_kv_heads, group, head_dim, sparse = _pick(r, [1, 4]), 16, 128, True
+        topk = _pick(r, [16, 32], [0.8, 0.2])
+        page_size = _pick(r, [64, 128, 256, 192] if decode else [128, 256], None)
+    pattern = _pick(r, ["random", "clustered", "shared"], [0.5, 0.25, 0.25]) if sparse else None
+    causal = r.random() < 0.85
+    explicit_offset = r.random() < 0.25
+    zero_q = r.random() < 0.25
+    B0 = int(r.integers(1, 10))
+    if decode:
+        qmax = _pick(r, [1, 2, 3, 4, 5, 8], [0.45, 0.15, 0.1, 0.15, 0.05, 0.1])
+        ragged = qmax > 1 and r.random() < 0.5
+    problem = dict(
+        num_qo_heads=group * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
+        page_size=page_size, topk=topk, pattern=pattern, causal=causal,
+        neg_slot_prob=_pick(r, [0.0, 0.2, 0.6]), shuffle_rows=r.random() < 0.85,
+        flat_pages=r.random() < 0.3, slot_major=r.random() < 0.25,
+        index_layout="HTK" if sparse and r.random() < 0.25 else "THK",
+        dtype=dtype, spare_pages=_pick(r, [0, 1, 3], [0.2, 0.4, 0.4]),
+        sm_scale=None if r.random() < 0.8 else round(float(r.uniform(0.02, 0.3)), 4),
+        empty_row_prob=_pick(r, [0.0, 0.05, 0.2, 0.5], [0.6, 0.2, 0.15, 0.05]) if sparse else 0.0,
+    )
+    budget = COST_BUDGET if backend == "gpu" else CPU_COST_BUDGET
+    scale, B = 1.0, B0
+    for attempt in range(200):  # shrink the lengths (and the batch) until the reference fits the budget
+        if decode:
+            qo, kv, off = _decode_lengths(r, B, qmax, ragged, zero_q, causal, explicit_offset, scale)
+        else:
+            qo, kv, off = _prefill_lengths(r, B, zero_q, causal, explicit_offset, scale)
+        if attempt == 10:
+            problem["spare_pages"] = 0
+        if sum(kv) == 0:
+            problem["spare_pages"] = max(problem["spare_pages"], 1)  # a pool of at least one page
+        problem.update(qo_lens=qo, kv_lens=kv, qo_offset=off if explicit_offset else None)
+        case = dict(seed=seed, backend=backend, phase="decode" if decode else "prefill", problem=problem)
+        if ref_cost(case) <= budget:
+            break
+        scale *= 0.8
+        if attempt % 2:
+            B = max(1, B - 1)
+    else:
+        raise AssertionError(f"draw_case({seed}): no configuration within the budget")
+
+    split = {}
+    if decode:
+        max_q, max_kv = max(max(qo), 1), max(max(kv), 1)
+        plan_max_qo_len = max_q if r.random() < 0.7 else int(r.integers(max_q, 9))
+        plan_max_kv_len = max_kv if r.random() < 0.6 else max_kv + int(r.integers(0, 3 * max_kv + 4096))
+        room = B * plan_max_qo_len - sum(qo)
+        extra_q_rows = int(r.integers(1, room + 1)) if room > 0 and r.random() < 0.3 else 0
+        kind = _pick(r, ["auto", "max", "fixed", "both"], [0.5, 0.2, 0.2, 0.1])
+        env = _pick(r, [{}, {"MSA_PAGED_TOKEN_KERNEL": "0"}, {"MSA_PAGED_TOKEN_MERGE": "pull"}], [0.7, 0.15, 0.15])
+    else:
+        plan_max_qo_len = plan_max_kv_len = None
+        extra_q_rows = 0
+        kind = _pick(r, ["auto", "max", "fixed"], [0.75, 0.15, 0.1])
+        env = _pick(r, [{}, {"MSA_SM90_PREFILL": "qmajor"}, {"MSA_SM90_PREFILL": "kvmajor"}], [0.7, 0.15, 0.15])
+    if kind in ("max", "both"):
+        split["max_splits"] = _pick(r, [1, 2, 3, 4, 16])
+    if kind in ("fixed", "both"):
+        split["fixed_split_blocks"] = _pick(r, [1, 2, 3, 5, 8])
+    case.update(
+        data_seed=[seed, 1], plan_max_qo_len=plan_max_qo_len, plan_max_kv_len=plan_max_kv_len,
+        extra_q_rows=extra_q_rows, split=split, env=env if backend == "gpu" else {},
+        with_lse=r.random() < 0.85, validate=r.random() < 0.1, est_cost=round(ref_cost(case), 4))
+    return case
+
+
+def describe(case) -> str:
+    return (f"fuzz case (rebuild with draw_case({case['seed']}, {case['backend']!r})):\n"
+            + pprint.pformat(case, width=110, sort_dicts=False))
+
+
+def build_problem(case, **override) -> mt.Problem:
+    kw = dict(case["problem"], **override)
+    return mt.make_problem(np.random.default_rng(case["data_seed"]), **kw)
+
+
+def make_plan(case, prob, device):
+    kw = dict(num_qo_heads=prob.num_qo_heads, num_kv_heads=prob.num_kv_heads, head_dim=prob.head_dim,
+              head_dim_v=prob.head_dim_v, page_size=prob.page_size, topk=prob.topk, causal=prob.causal,
+              device=device, **case["split"])
+    if case["phase"] == "decode":
+        return msa.plan_decode(prob.batch_size, case["plan_max_qo_len"], case["plan_max_kv_len"], **kw)
+    return msa.plan_prefill(prob.qo_lens, prob.kv_lens, qo_offset=prob.qo_offset, **kw)
+
+
+def check_against_reference(case, prob, o, lse):
+    """test_gpu_attention.check's comparison; the drawn case in the message of any failure."""
+    o_ref, lse_ref = mt.ref_attention(prob)
+    try:
+        mt.assert_close(o, o_ref)
+        if lse is not None:
+            mt.assert_lse_close(lse, lse_ref)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{describe(case)}") from None
+
+
+# ---- the GPU sweep --------------------------------------------------------------------------------------
+
+def run_torch(torch, case, plan, prob, dev="cuda"):
+    """o, lse (numpy; lse None when the case passes none) of msa.attention on torch tensors, outputs poisoned
+    with NaN; q and block_idx hold case["extra_q_rows"] rows past qo_indptr (garbage that the kernels must not
+    read for any query), block_idx keeping the problem's layout."""
+    t = mt.to_torch(prob, dev, {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[prob.dtype])
+    q, bi = t["q"], t["block_idx"]
+    extra = case["extra_q_rows"]
+    if extra:
+        g = torch.Generator(device=dev).manual_seed(case["seed"])
+        q = torch.cat([q, torch.randn(extra, *q.shape[1:], device=dev, dtype=q.dtype, generator=g)])
+        if bi is not None:
+            pad = torch.randint(-1, 64, (extra, *bi.shape[1:]), device=dev, dtype=bi.dtype, generator=g)
+            bi = torch.cat([bi, pad])
+            if case["problem"]["index_layout"] == "HTK":
+                bi = bi.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    T = q.shape[0]
+    out = torch.full((T, prob.num_qo_heads, prob.head_dim_v), float("nan"), device=dev, dtype=q.dtype)
+    lse = torch.full((T, prob.num_qo_heads), float("nan"), device=dev, dtype=torch.float32) \
+        if case["with_lse"] else None
+    call_attention(case, plan, q, t["k_cache"], t["v_cache"], t["page_table"], t["qo_indptr"], t["kv_lens"],
+                   block_idx=bi, qo_offset=t["qo_offset"], page_indptr=t["page_indptr"], out=out, lse=lse)
+    if dev != "cpu":
+        torch.cuda.synchronize()
+    n = prob.q.shape[0]
+    return out[:n].float().cpu().numpy(), None if lse is None else lse[:n].cpu().numpy()
+
+
+def call_attention(case, plan, q, *args, **kw):
+    """msa.attention with the case's sm_scale and validate; any error carries the drawn case. (A q of 0 rows
+    comes with strides 0 from numpy 2, which torch.from_numpy keeps; msa takes an empty tensor's strides as
+    row-major since the fuzz found them refused.)"""
+    try:
+        return msa.attention(plan, q, *args, sm_scale=case["problem"]["sm_scale"], validate=case["validate"], **kw)
+    except Exception as e:
+        raise AssertionError(f"{type(e).__name__}: {e}\n{describe(case)}") from e
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
+def test_gpu_fuzz(seed, monkeypatch):
+    torch = pytest.importorskip("torch")
+    case = draw_case(seed)
+    print(describe(case))  # shown with any failure (-s shows it before a crash too)
+    for name, value in case["env"].items():  # read at plan time
+        monkeypatch.setenv(name, value)
+    prob = build_problem(case)
+    try:
+        plan = make_plan(case, prob, "cuda")
+    except Exception as e:
+        raise AssertionError(f"{type(e).__name__}: {e}\n{describe(case)}") from e
+    print("plan:", plan.describe())  # which kernel, rows, splits, merge
+    o, lse = run_torch(torch, case, plan, prob)
+    check_against_reference(case, prob, o, lse)
+
+
+# ---- CPU: the draws themselves, and the CPU backend on a few ----------------------------------------------
+
+def _check_case_invariants(case):
+    p = case["problem"]
+    qo, kv = np.array(p["qo_lens"]), np.array(p["kv_lens"])
+    off = np.array(p["qo_offset"]) if p["qo_offset"] is not None else kv - qo
+    assert 1 <= len(qo) <= 9 and len(kv) == len(qo) and (qo >= 0).all() and (kv >= 0).all()
+    assert (off >= 0).all()
+    if p["causal"]:
+        assert (off + qo <= kv).all()
+    if case["backend"] == "gpu":
+        assert p["head_dim"] in (64, 128, 256) and p["head_dim_v"] is None and p["dtype"] in ("bf16", "fp16")
+        assert p["num_qo_heads"] // p["num_kv_heads"] <= 128
+    if p["pattern"]:
+        assert 1 <= p["topk"] <= 64
+    if case["phase"] == "decode":
+        assert 1 <= case["plan_max_qo_len"] <= 8 and qo.max() <= case["plan_max_qo_len"]
+        assert kv.max() <= case["plan_max_kv_len"]
+        assert qo.sum() + case["extra_q_rows"] <= len(qo) * case["plan_max_qo_len"]
+    assert case["est_cost"] <= (COST_BUDGET if case["backend"] == "gpu" else CPU_COST_BUDGET) + 1e-4
+
+
+def test_draw_case_is_valid_and_deterministic():
+    """Every seed of the GPU sweep (and of the CPU one) draws the same case twice, a valid one within the
+    reference budget: make_problem builds it (with head dim 8, so the K / V draw is cheap; nothing else
+    depends on the head dim), the CPU plan accepts its lengths and limits, and the built problem's visible
+    keys stay under the bound that the cost estimate uses."""
+    for backend, seeds in (("gpu", SEEDS), ("cpu", CPU_SEEDS)):
+        for seed in seeds:
+            case = draw_case(seed, backend)
+            assert case == draw_case(seed, backend), seed
+            _check_case_invariants(case)
+            p = case["problem"]
+            prob = build_problem(case, head_dim=8, head_dim_v=None)
+            make_plan(case, prob, "cpu")
+            assert prob.q.shape == (sum(p["qo_lens"]), p["num_qo_heads"], 8)
+            if p["pattern"]:
+                assert prob.block_idx.shape == (prob.q.shape[0], p["num_kv_heads"], p["topk"])
+            pos, req = prob.positions(), prob.request_of_token()
+            seen = sum(len(mt.visible_keys(prob, t, g, int(req[t]), int(pos[t])))
+                       for t in range(prob.q.shape[0]) for g in range(prob.num_kv_heads))
+            bound = visible_bound(p["qo_lens"], p["kv_lens"], prob.offsets(), p["causal"],
+                                  p["topk"] if p["pattern"] else 0)[0] * p["num_kv_heads"]
+            assert seen <= bound, (seed, seen, bound)
+    phases = {draw_case(s)["phase"] for s in SEEDS}
+    assert len(SEEDS) < 20 or phases == {"decode", "prefill"}
+
+
+@pytest.mark.parametrize("seed", CPU_SEEDS, ids=lambda s: f"seed{s}")
+def test_cpu_fuzz(seed):
+    """The CPU backend (numpy inputs) on draws of the CPU sweep (fp32 and Dv != D included)."""
+    pytest.importorskip("ml_dtypes")  # bf16 numpy arrays
+    case = draw_case(seed, "cpu")
+    prob = build_problem(case)
+    a = mt.to_numpy(prob)
+    q, bi = a["q"], a["block_idx"]
+    if case["extra_q_rows"]:  # decode: q holds rows past qo_indptr
+        q = np.concatenate([q, np.zeros((case["extra_q_rows"], *q.shape[1:]), q.dtype)])
+        if bi is not None:
+            bi = np.concatenate([bi, np.full((case["extra_q_rows"], *bi.shape[1:]), -1, bi.dtype)])
+            if case["problem"]["index_layout"] == "HTK":
+                bi = np.ascontiguousarray(bi.transpose(1, 0, 2)).transpose(1, 0, 2)
+    try:
+        plan = make_plan(case, prob, "cpu")
+    except Exception as e:
+        raise AssertionError(f"{type(e).__name__}: {e}\n{describe(case)}") from e
+    o, lse = call_attention(case, plan, q, a["k_cache"], a["v_cache"], a["page_table"], a["qo_indptr"], a["kv_lens"],
+                            block_idx=bi, qo_offset=a["qo_offset"], page_indptr=a["page_indptr"], return_lse=True)
+    n = prob.q.shape[0]
+    check_against_reference(case, prob, o[:n].astype(np.float64), lse[:n])
