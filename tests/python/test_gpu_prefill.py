@@ -224,8 +224,8 @@ def eager_and_replays(plan, prob, t, replays=3):
 
 @pytest.mark.parametrize("pattern", ["random", "clustered"])
 def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
-    """With a KV-major path the query-major kernel runs on the plan's side stream beside the KV-major
-    launches (a fork and a join of the caller's stream; src/cuda/common/stream_fork.h). `random`: request
+    """With a KV-major path the KV-major launches run on the plan's side stream beside the query-major
+    kernel (a fork and a join of the caller's stream; src/cuda/common/stream_fork.h). `random`: request
     0's tiles (63 blocks to pick from) go KV-major, request 1's (8 blocks) query-major; `clustered`: mostly
     query-major tiles (a pool of 24 blocks per query block), the KV-major launches finding little or nothing
     to do. The results are bitwise those of the serial order (MSA_SM90_KV_CONCURRENT=0), eagerly on a
@@ -249,8 +249,8 @@ def test_pdl_chain_is_bitwise_plain_order(rng, monkeypatch, case):
     """The launches that follow a kernel of the run use programmatic dependent launch (each kernel waits for its
     predecessor before its first read; PrefillState::pdl). Bitwise the plain stream order (MSA_SM90_PDL=0),
     eagerly and in graph replays, and close to the reference. windows: the KV-major path over 3 windows
-    (scan -> fill -> KV-major kernel, merge -> next window's KV-major kernel) beside the forked query-major
-    kernel; serial: the query-major kernel after the lists on the caller's stream (MSA_SM90_KV_CONCURRENT=0);
+    (scan -> fill -> KV-major kernel, merge -> next window's KV-major kernel) on the side stream beside the
+    query-major kernel (after the lists on the caller's stream, as in serial: MSA_SM90_KV_CONCURRENT=0);
     dense: the query-major kernel right after the schedule; htk: windows with the [Hkv, T, topk] index layout."""
     prob = problem(rng, [600, 300], [8000, 900], pattern=None if case == "dense" else "random",
                    **(dict(index_layout="HTK") if case == "htk" else {}))

@@ -7,8 +7,8 @@
 //                                    (with a KV-major path, the query-major tiles listed compactly)
 //   query-major kernel               dense tiles, or sparse tiles whose union is narrow
 //   [KV-major] memset, rank, scan, fill, then per window: KV-major kernel, LSE merge
-// With a KV-major path the query-major kernel runs on the plan's side stream (StreamFork, highest
-// priority) while the KV-major launches run on the caller's: the two share no writes (the query-major
+// With a KV-major path the KV-major launches run on the plan's side stream (StreamFork, highest
+// priority) while the query-major kernel runs on the caller's: the two share no writes (the query-major
 // kernel skips KV-major tiles, each path writes its own tiles' rows of o / lse and its own counters).
 // Before, the six KV-major launches ran after the query-major kernel even when they found nothing to do:
 // M3-TP1 P-chunk `shared`, 21 us of kernels (memset .. merge) and ~10 us of gaps behind its 463 us
@@ -417,17 +417,19 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   const bool kv_path = sparse && s.rule != KvMajorRule::kNever;
   const bool concurrent = kv_path && static_cast<bool>(s.fork);
   if (concurrent) s.fork.fork(stream);
-  const cudaStream_t q_stream = concurrent ? s.fork.side() : stream;
+  // The query-major kernel follows the lists on the caller's stream, with PDL, and the KV-major launches go to
+  // the side stream when forked: there the first of them (a memset) follows the fork's event wait either way.
+  // With the query-major kernel on the side stream instead (until the seventeenth session) its predecessor was
+  // that event wait, so it had no PDL edge: M3-TP4 P-chunk `shared`, whose KV-major launches find nothing to
+  // do, ran 133.1 us against 130.6-130.8 with the query-major path alone (docs/prefill.md).
+  const cudaStream_t kv_stream = concurrent ? s.fork.side() : stream;
   const int grid = std::min(s.sm_count, s.num_tiles);
-  // PDL only where the kernel follows the lists (or the schedule) on the caller's stream: the forked
-  // kernel's predecessor on the side stream is an event wait, not a kernel of this run.
-  const bool q_pdl = s.pdl && !concurrent;
   try {
     if (bf16)
-      launch_qmajor<true>(sparse, qp, grid, q_pdl, q_stream);
+      launch_qmajor<true>(sparse, qp, grid, s.pdl, stream);
     else
-      launch_qmajor<false>(sparse, qp, grid, q_pdl, q_stream);
-    if (kv_path) run_kv_major(s, p, bf16, stream);
+      launch_qmajor<false>(sparse, qp, grid, s.pdl, stream);
+    if (kv_path) run_kv_major(s, p, bf16, kv_stream);
   } catch (...) {
     if (concurrent) s.fork.join_after_error(stream);
     throw;

@@ -26,7 +26,7 @@ struct PrefillState {
   int32_t kv_tail_items = 0, kv_tail_sub_tiles = 0;  // KvMajorParams::tail_items / tail_sub_tiles
   // Programmatic dependent launch (PDL) where a launch follows a kernel of this run on the same stream:
   // the lists after the schedule, the query-major kernel right after the lists (or the schedule) on the
-  // caller's stream (not when forked: its predecessor there is an event wait), and (pdl_kv) scan, fill and
+  // caller's stream, and (pdl_kv) scan, fill and
   // the KV-major kernel after the kernel before them. Every kernel of the run waits for its predecessor
   // (grid_dependency_wait) before anything else, so either launch is correct. The merge is never launched
   // so: with PDL it took 77 -> 87 us at M3-TP4 P-chunk `random` and 277 -> 315 us at M3-TP1 (its CTAs
@@ -52,7 +52,7 @@ struct PrefillState {
   int32_t window_tiles = 0, num_windows = 0, subwindow_tiles = 0, block_keys = 0, key_span = 0, item_capacity = 0;
   int32_t key_stripes = 4;  // rank counters used per key (config.h kKeyStripesWideKeys; MSA_SM90_KEY_STRIPES)
   DeviceBuffer key_count, key_offset, entry_key, entry_rank, pairs, items, item_count, part_o, part_lse;
-  // The query-major kernel on a side stream beside the KV-major launches (both read the tile lists and
+  // The KV-major launches on a side stream beside the query-major kernel (both read the tile lists and
   // write disjoint rows of o / lse); empty when the plan has no KV-major path or MSA_SM90_KV_CONCURRENT=0.
   StreamFork fork;
 };
