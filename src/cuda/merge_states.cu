@@ -31,12 +31,20 @@ __device__ __forceinline__ void store_float(void* base, ScalarType t, int64_t i,
   }
 }
 
+// Columns per (token, head): head_dim, or one that writes only lse_out when head_dim is 0 (parts of no
+// values still merge their lse, as the CPU backend does; found by tests/python/test_gpu_fuzz_ops.py).
+__host__ __device__ __forceinline__ int merge_columns(const MergeParams& p) {
+  return p.head_dim > 0 ? p.head_dim : (p.lse_out != nullptr ? 1 : 0);
+}
+
 __global__ void merge_states_kernel(const MergeParams p) {
-  const int64_t n = p.num_tokens * p.num_heads * p.head_dim;
+  const int cols = merge_columns(p);
+  const int64_t n = p.num_tokens * p.num_heads * cols;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(idx % p.head_dim);
-    const int64_t th = idx / p.head_dim;
+    const int d = static_cast<int>(idx % cols);
+    const bool value = d < p.head_dim;  // false only in the lse-only column of head_dim 0
+    const int64_t th = idx / cols;
     const int h = static_cast<int>(th % p.num_heads);
     const int64_t t = th / p.num_heads;
     const float* lse = p.lse + t * p.lse_stride_token + h * p.lse_stride_head;
@@ -51,12 +59,12 @@ __global__ void merge_states_kernel(const MergeParams p) {
         if (ls == -INFINITY) continue;
         const float w = paged::lse_weight(ls, m);
         sum += w;
-        acc += w * load_float(p.v, p.v_dtype, v0 + s * p.v_stride_split);
+        if (value) acc += w * load_float(p.v, p.v_dtype, v0 + s * p.v_stride_split);
       }
       out = acc / sum;
       lse_out = m + logf(sum);
     }
-    store_float(p.o, p.o_dtype, t * p.o_stride_token + h * p.o_stride_head + d, out);
+    if (value) store_float(p.o, p.o_dtype, t * p.o_stride_token + h * p.o_stride_head + d, out);
     if (p.lse_out && d == 0) p.lse_out[t * p.lse_out_stride_token + h * p.lse_out_stride_head] = lse_out;
   }
 }
@@ -64,7 +72,7 @@ __global__ void merge_states_kernel(const MergeParams p) {
 }  // namespace
 
 void merge_states(const MergeParams& p, void* stream) {
-  const int64_t n = p.num_tokens * p.num_heads * p.head_dim;
+  const int64_t n = p.num_tokens * p.num_heads * merge_columns(p);
   if (n == 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);

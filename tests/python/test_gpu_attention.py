@@ -269,6 +269,17 @@ def test_merge_states(rng, parts_dtype, out_dtype):
     np.testing.assert_allclose(lse_out.cpu().numpy(), l_cpu, rtol=1e-5, atol=1e-5)
 
 
+def test_merge_states_of_no_values_still_merges_lse(rng):
+    """Parts of head dim 0: lse_out is the merged lse, as on the CPU (the kernel returned before writing it;
+    found by test_gpu_fuzz_ops.py)."""
+    lse_np = (rng.standard_normal((2, 3, 4)) * 3).astype(np.float32)
+    lse_np[:, 0, 0] = -np.inf
+    lse_out = torch.full((3, 4), float("nan"), device=DEV)
+    msa.merge_states(torch.zeros(2, 3, 4, 0, device=DEV), torch.from_numpy(lse_np).to(DEV), lse_out=lse_out)
+    _, l_cpu = msa.merge_states(np.zeros((2, 3, 4, 0), np.float32), lse_np, return_lse=True)
+    np.testing.assert_allclose(lse_out.cpu().numpy(), l_cpu, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("page_size", [1, 16, 128])
 def test_build_page_table(rng, index_dtype, page_size):
