@@ -23,17 +23,15 @@ draws of its own (fp32 and head_dim_v != head_dim too); test_gpu_fuzz (marked gp
         tests/python/test_gpu_fuzz.py                                # a longer soak over other seeds
 """
 import math
-import os
-import pprint
 
 import numpy as np
 import pytest
 
 import msa
 import msa_testing as mt
+from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick
 
-FIRST_SEED = int(os.environ.get("MSA_FUZZ_FIRST_SEED", "0"))
-SEEDS = range(FIRST_SEED, FIRST_SEED + int(os.environ.get("MSA_FUZZ_SEEDS", "120")))
+SEEDS = gpu_seeds(120)
 CPU_SEEDS = range(30)
 
 COST_BUDGET = 1.0       # estimated CPU seconds of make_problem + ref_attention per GPU case (measured: ~0.3x)
@@ -51,19 +49,13 @@ C_GATHER = 1.5e-9       # s per visible key x (D + Dv) gathered and converted
 C_MAC = 0.1e-9          # s per visible key x G x (D + Dv) multiply-add
 
 
-def _pick(r, values, p=None):
-    """One of values (python scalar), optionally weighted."""
-    i = int(r.choice(len(values), p=None if p is None else np.asarray(p, float) / np.sum(p)))
-    return values[i]
-
-
 def _decode_lengths(r, B, qmax, ragged, zero_q, causal, explicit_offset, scale):
     qo, kv, off = [], [], []
     for _ in range(B):
         ql = int(r.integers(1, qmax + 1)) if ragged else qmax
         if zero_q and r.random() < 0.25:
             ql = 0
-        kind = _pick(r, ["short", "mid", "long", "edge"], [0.3, 0.35, 0.2, 0.15])
+        kind = pick(r, ["short", "mid", "long", "edge"], [0.3, 0.35, 0.2, 0.15])
         if kind == "short":
             kl = int(r.integers(1, 300))
         elif kind == "mid":
@@ -92,12 +84,12 @@ def _decode_lengths(r, B, qmax, ragged, zero_q, causal, explicit_offset, scale):
 def _prefill_lengths(r, B, zero_q, causal, explicit_offset, scale):
     qo, kv, off = [], [], []
     for _ in range(B):
-        kind = _pick(r, ["one", "small", "mid", "zero"], [0.1, 0.3, 0.5, 0.1 if zero_q else 0.0])
+        kind = pick(r, ["one", "small", "mid", "zero"], [0.1, 0.3, 0.5, 0.1 if zero_q else 0.0])
         if kind in ("one", "zero"):
             ql = 1 if kind == "one" else 0
         else:
             ql = max(int((int(r.integers(2, 41)) if kind == "small" else int(r.integers(41, 301))) * scale), 1)
-        pkind = _pick(r, ["none", "any", "edge"], [0.35, 0.5, 0.15])
+        pkind = pick(r, ["none", "any", "edge"], [0.35, 0.5, 0.15])
         prefix = 0 if pkind == "none" else (int(r.integers(1, 1500)) if pkind == "any"
                                             else 128 * int(r.integers(1, 12)) + int(r.integers(-1, 2)))
         prefix = int(prefix * scale)
@@ -154,39 +146,39 @@ def draw_case(seed: int, backend: str = "gpu") -> dict:
     r = np.random.default_rng(seed)
     decode = r.random() < 0.6
     if backend == "cpu":
-        dtype = _pick(r, ["bf16", "fp16", "fp32"], [0.6, 0.2, 0.2])
+        dtype = pick(r, ["bf16", "fp16", "fp32"], [0.6, 0.2, 0.2])
     else:
-        dtype = _pick(r, ["bf16", "fp16"], [0.8, 0.2])
-    num_kv_heads = _pick(r, [1, 2, 3, 4], [0.4, 0.25, 0.1, 0.25])
-    group = _pick(r, [1, 2, 4, 8, 12, 16, 32], [0.06, 0.06, 0.12, 0.1, 0.1, 0.44, 0.12])
-    head_dim = _pick(r, [64, 128, 256], [0.2, 0.6, 0.2])
+        dtype = pick(r, ["bf16", "fp16"], [0.8, 0.2])
+    num_kv_heads = pick(r, [1, 2, 3, 4], [0.4, 0.25, 0.1, 0.25])
+    group = pick(r, [1, 2, 4, 8, 12, 16, 32], [0.06, 0.06, 0.12, 0.1, 0.1, 0.44, 0.12])
+    head_dim = pick(r, [64, 128, 256], [0.2, 0.6, 0.2])
     head_dim_v = None
     if backend == "cpu" and r.random() < 0.2:
-        head_dim_v = _pick(r, [32, 64, 128])
-    page_size = _pick(r, [16, 32, 64, 128, 256, 7, 192], [0.12, 0.1, 0.16, 0.32, 0.14, 0.08, 0.08])
+        head_dim_v = pick(r, [32, 64, 128])
+    page_size = pick(r, [16, 32, 64, 128, 256, 7, 192], [0.12, 0.1, 0.16, 0.32, 0.14, 0.08, 0.08])
     sparse = r.random() < 0.7
-    topk = _pick(r, [1, 4, 8, 16, 32, 64], [0.03, 0.14, 0.18, 0.4, 0.2, 0.05]) if sparse else 0
+    topk = pick(r, [1, 4, 8, 16, 32, 64], [0.03, 0.14, 0.18, 0.4, 0.2, 0.05]) if sparse else 0
     if r.random() < 0.25:  # MiniMax-M3's shape: what the token decode kernel and the sm90 prefill serve
-        num_kv_heads, group, head_dim, sparse = _pick(r, [1, 4]), 16, 128, True
-        topk = _pick(r, [16, 32], [0.8, 0.2])
-        page_size = _pick(r, [64, 128, 256, 192] if decode else [128, 256], None)
-    pattern = _pick(r, ["random", "clustered", "shared"], [0.5, 0.25, 0.25]) if sparse else None
+        num_kv_heads, group, head_dim, sparse = pick(r, [1, 4]), 16, 128, True
+        topk = pick(r, [16, 32], [0.8, 0.2])
+        page_size = pick(r, [64, 128, 256, 192] if decode else [128, 256], None)
+    pattern = pick(r, ["random", "clustered", "shared"], [0.5, 0.25, 0.25]) if sparse else None
     causal = r.random() < 0.85
     explicit_offset = r.random() < 0.25
     zero_q = r.random() < 0.25
     B0 = int(r.integers(1, 10))
     if decode:
-        qmax = _pick(r, [1, 2, 3, 4, 5, 8], [0.45, 0.15, 0.1, 0.15, 0.05, 0.1])
+        qmax = pick(r, [1, 2, 3, 4, 5, 8], [0.45, 0.15, 0.1, 0.15, 0.05, 0.1])
         ragged = qmax > 1 and r.random() < 0.5
     problem = dict(
         num_qo_heads=group * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
         page_size=page_size, topk=topk, pattern=pattern, causal=causal,
-        neg_slot_prob=_pick(r, [0.0, 0.2, 0.6]), shuffle_rows=r.random() < 0.85,
+        neg_slot_prob=pick(r, [0.0, 0.2, 0.6]), shuffle_rows=r.random() < 0.85,
         flat_pages=r.random() < 0.3, slot_major=r.random() < 0.25,
         index_layout="HTK" if sparse and r.random() < 0.25 else "THK",
-        dtype=dtype, spare_pages=_pick(r, [0, 1, 3], [0.2, 0.4, 0.4]),
+        dtype=dtype, spare_pages=pick(r, [0, 1, 3], [0.2, 0.4, 0.4]),
         sm_scale=None if r.random() < 0.8 else round(float(r.uniform(0.02, 0.3)), 4),
-        empty_row_prob=_pick(r, [0.0, 0.05, 0.2, 0.5], [0.6, 0.2, 0.15, 0.05]) if sparse else 0.0,
+        empty_row_prob=pick(r, [0.0, 0.05, 0.2, 0.5], [0.6, 0.2, 0.15, 0.05]) if sparse else 0.0,
     )
     budget = COST_BUDGET if backend == "gpu" else CPU_COST_BUDGET
     scale, B = 1.0, B0
@@ -216,17 +208,17 @@ def draw_case(seed: int, backend: str = "gpu") -> dict:
         plan_max_kv_len = max_kv if r.random() < 0.6 else max_kv + int(r.integers(0, 3 * max_kv + 4096))
         room = B * plan_max_qo_len - sum(qo)
         extra_q_rows = int(r.integers(1, room + 1)) if room > 0 and r.random() < 0.3 else 0
-        kind = _pick(r, ["auto", "max", "fixed", "both"], [0.5, 0.2, 0.2, 0.1])
-        env = _pick(r, [{}, {"MSA_PAGED_TOKEN_KERNEL": "0"}, {"MSA_PAGED_TOKEN_MERGE": "pull"}], [0.7, 0.15, 0.15])
+        kind = pick(r, ["auto", "max", "fixed", "both"], [0.5, 0.2, 0.2, 0.1])
+        env = pick(r, [{}, {"MSA_PAGED_TOKEN_KERNEL": "0"}, {"MSA_PAGED_TOKEN_MERGE": "pull"}], [0.7, 0.15, 0.15])
     else:
         plan_max_qo_len = plan_max_kv_len = None
         extra_q_rows = 0
-        kind = _pick(r, ["auto", "max", "fixed"], [0.75, 0.15, 0.1])
-        env = _pick(r, [{}, {"MSA_SM90_PREFILL": "qmajor"}, {"MSA_SM90_PREFILL": "kvmajor"}], [0.7, 0.15, 0.15])
+        kind = pick(r, ["auto", "max", "fixed"], [0.75, 0.15, 0.1])
+        env = pick(r, [{}, {"MSA_SM90_PREFILL": "qmajor"}, {"MSA_SM90_PREFILL": "kvmajor"}], [0.7, 0.15, 0.15])
     if kind in ("max", "both"):
-        split["max_splits"] = _pick(r, [1, 2, 3, 4, 16])
+        split["max_splits"] = pick(r, [1, 2, 3, 4, 16])
     if kind in ("fixed", "both"):
-        split["fixed_split_blocks"] = _pick(r, [1, 2, 3, 5, 8])
+        split["fixed_split_blocks"] = pick(r, [1, 2, 3, 5, 8])
     case.update(
         data_seed=[seed, 1], plan_max_qo_len=plan_max_qo_len, plan_max_kv_len=plan_max_kv_len,
         extra_q_rows=extra_q_rows, split=split, env=env if backend == "gpu" else {},
@@ -235,8 +227,7 @@ def draw_case(seed: int, backend: str = "gpu") -> dict:
 
 
 def describe(case) -> str:
-    return (f"fuzz case (rebuild with draw_case({case['seed']}, {case['backend']!r})):\n"
-            + pprint.pformat(case, width=110, sort_dicts=False))
+    return fuzz_describe(case, f"draw_case({case['seed']}, {case['backend']!r})")
 
 
 def build_problem(case, **override) -> mt.Problem:

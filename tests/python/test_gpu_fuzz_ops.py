@@ -34,25 +34,23 @@ over a poisoned storage (permuted memory orders, padded axes): unwritten output 
 
 Tests: test_draws_are_valid_and_deterministic (CPU: every draw of both sweeps twice, its invariants, and
 the CPU backend's validation accepting it on cheap data), test_cpu_fuzz_ops (the CPU backend on numpy
-inputs, draws of its own: 20 seeds per op) and test_gpu_<op> (marked gpu: torch CUDA tensors).
+inputs, draws of its own: 20 seeds per op) and test_gpu_op (marked gpu: torch CUDA tensors, per op and seed).
 
     PYTHONPATH=build/python python3 -m pytest -q tests/python/test_gpu_fuzz_ops.py
-    PYTHONPATH=build/python python3 -m pytest -q "tests/python/test_gpu_fuzz_ops.py::test_gpu_select_topk[seed17]"
+    PYTHONPATH=build/python python3 -m pytest -q "tests/python/test_gpu_fuzz_ops.py::test_gpu_op[select_topk-seed17]"
     MSA_FUZZ_FIRST_SEED=1000 MSA_FUZZ_SEEDS=2000 PYTHONPATH=build/python python3 -m pytest -q -m gpu \
         tests/python/test_gpu_fuzz_ops.py                            # a longer soak over other seeds
 """
 import math
-import os
-import pprint
 
 import numpy as np
 import pytest
 
 import msa
 import msa_testing as mt
+from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick
 
-FIRST_SEED = int(os.environ.get("MSA_FUZZ_FIRST_SEED", "0"))
-SEEDS = range(FIRST_SEED, FIRST_SEED + int(os.environ.get("MSA_FUZZ_SEEDS", "100")))
+SEEDS = gpu_seeds(100)
 CPU_SEEDS = range(20)
 OPS = ("block_scores", "select_topk", "merge_states", "build_page_table")
 
@@ -80,12 +78,6 @@ C_PT_ELEM = 30e-9    # s per req_to_token element drawn
 C_PT_REQ = 20e-6     # s per request of the reference
 
 
-def _pick(r, values, p=None):
-    """One of values (python value), optionally weighted."""
-    i = int(r.choice(len(values), p=None if p is None else np.asarray(p, float) / np.sum(p)))
-    return values[i]
-
-
 def _order(r, n, p_natural, fixed_last=False):
     """A memory order of n logical axes (outermost first): the natural one, or a random permutation
     (keeping the last axis innermost when fixed_last)."""
@@ -103,7 +95,7 @@ def _pad(r, n, p_none, hi=3, last=None):
         return [0] * n
     pad = [int(r.integers(0, hi)) for _ in range(n)]
     if last is not None:
-        pad[-1] = _pick(r, last)
+        pad[-1] = pick(r, last)
     return pad
 
 
@@ -123,8 +115,7 @@ def _visible_ends(qo, kv, off, causal):
 
 
 def describe(case) -> str:
-    return (f"fuzz case (rebuild with draw_{case['op']}({case['seed']}, {case['backend']!r})):\n"
-            + pprint.pformat(case, width=110, sort_dicts=False))
+    return fuzz_describe(case, f"draw_{case['op']}({case['seed']}, {case['backend']!r})")
 
 
 def _with_case(case, fn, *args, **kw):
@@ -245,7 +236,7 @@ def _bs_lengths(r, B, decode, qmax, ragged, zero_q, causal, explicit_offset, sca
             ql = int(r.integers(1, qmax + 1)) if ragged else qmax
             if zero_q and r.random() < 0.25:
                 ql = 0
-            kind = _pick(r, ["short", "mid", "long", "edge"], [0.3, 0.35, 0.2, 0.15])
+            kind = pick(r, ["short", "mid", "long", "edge"], [0.3, 0.35, 0.2, 0.15])
             if kind == "short":
                 kl = int(r.integers(1, 300))
             elif kind == "mid":
@@ -266,12 +257,12 @@ def _bs_lengths(r, B, decode, qmax, ragged, zero_q, causal, explicit_offset, sca
                     if r.random() < 0.15:
                         kl = int(r.integers(0, ql + 1))  # fewer keys than queries, maybe none
         else:
-            kind = _pick(r, ["one", "small", "mid", "zero"], [0.1, 0.3, 0.5, 0.1 if zero_q else 0.0])
+            kind = pick(r, ["one", "small", "mid", "zero"], [0.1, 0.3, 0.5, 0.1 if zero_q else 0.0])
             if kind in ("one", "zero"):
                 ql = 1 if kind == "one" else 0
             else:
                 ql = max(int((int(r.integers(2, 41)) if kind == "small" else int(r.integers(41, 301))) * scale), 1)
-            pkind = _pick(r, ["none", "any", "edge"], [0.35, 0.5, 0.15])
+            pkind = pick(r, ["none", "any", "edge"], [0.35, 0.5, 0.15])
             prefix = 0 if pkind == "none" else (int(r.integers(1, 2000)) if pkind == "any"
                                                 else 128 * int(r.integers(1, 16)) + int(r.integers(-1, 2)))
             prefix = int(prefix * scale)
@@ -305,24 +296,24 @@ def draw_block_scores(seed: int, backend: str = "gpu") -> dict:
     r = np.random.default_rng([seed, 1])
     decode = r.random() < 0.55
     if backend == "gpu":
-        dtype, head_dim = _pick(r, ["bf16", "fp16"], [0.75, 0.25]), 128
+        dtype, head_dim = pick(r, ["bf16", "fp16"], [0.75, 0.25]), 128
     else:
-        dtype = _pick(r, ["bf16", "fp16", "fp32"], [0.5, 0.2, 0.3])
-        head_dim = _pick(r, [16, 32, 64, 128], [0.3, 0.3, 0.2, 0.2])
+        dtype = pick(r, ["bf16", "fp16", "fp32"], [0.5, 0.2, 0.3])
+        head_dim = pick(r, [16, 32, 64, 128], [0.3, 0.3, 0.2, 0.2])
     k_dtype = "fp8" if r.random() < 0.3 else dtype
-    num_k_heads = _pick(r, [1, 2, 4], [0.5, 0.3, 0.2])
-    group = _pick(r, [1, 2, 3, 4, 8, 12, 16, 32], [0.1, 0.08, 0.04, 0.4, 0.12, 0.04, 0.14, 0.08])
+    num_k_heads = pick(r, [1, 2, 4], [0.5, 0.3, 0.2])
+    group = pick(r, [1, 2, 3, 4, 8, 12, 16, 32], [0.1, 0.08, 0.04, 0.4, 0.12, 0.04, 0.14, 0.08])
     if r.random() < 0.25:  # MiniMax-M3: 4 index heads over one K head, or one index head per KV head
-        num_k_heads, group = (1, 4) if r.random() < 0.6 else (_pick(r, [1, 4]), 1)
+        num_k_heads, group = (1, 4) if r.random() < 0.6 else (pick(r, [1, 4]), 1)
     case = dict(
         op="block_scores", seed=seed, backend=backend, phase="decode" if decode else "prefill",
         dtype=dtype, k_dtype=k_dtype, head_dim=head_dim, num_heads=group * num_k_heads, num_k_heads=num_k_heads,
-        page_size=_pick(r, [16, 32, 64, 128, 256, 48, 7, 192], [0.1, 0.1, 0.2, 0.3, 0.12, 0.06, 0.06, 0.06]),
+        page_size=pick(r, [16, 32, 64, 128, 256, 48, 7, 192], [0.1, 0.1, 0.2, 0.3, 0.12, 0.06, 0.06, 0.06]),
         causal=r.random() < 0.85, flat_pages=r.random() < 0.3, slot_major=r.random() < 0.25,
-        spare_pages=_pick(r, [0, 1, 3], [0.2, 0.4, 0.4]),
-        fp8_scale=_pick(r, ["amax", "pow2", "uniform"], [0.5, 0.25, 0.25]) if k_dtype == "fp8" else None,
-        scale_layout=_pick(r, ["cache", "contiguous"]) if k_dtype == "fp8" else None,
-        layout=_pick(r, ["HKT", "THK"]),
+        spare_pages=pick(r, [0, 1, 3], [0.2, 0.4, 0.4]),
+        fp8_scale=pick(r, ["amax", "pow2", "uniform"], [0.5, 0.25, 0.25]) if k_dtype == "fp8" else None,
+        scale_layout=pick(r, ["cache", "contiguous"]) if k_dtype == "fp8" else None,
+        layout=pick(r, ["HKT", "THK"]),
         q_order=[0, 1, 2] if r.random() < 0.85 else [1, 0, 2],
         q_pad=_pad(r, 3, 0.8, last=[0, 8]),
         out_order=_order(r, 3, 0.7), out_pad=_pad(r, 3, 0.75),
@@ -331,12 +322,12 @@ def draw_block_scores(seed: int, backend: str = "gpu") -> dict:
         out_mode="given" if backend == "gpu" or r.random() < 0.6 else "alloc",
         pass_max_blocks=r.random() < 0.5,
         validate=r.random() < 0.1,
-        env=_pick(r, [{}, {"MSA_INDEXER_DECODE": "stream"}, {"MSA_INDEXER_PRODUCER": "cpasync"},
+        env=pick(r, [{}, {"MSA_INDEXER_DECODE": "stream"}, {"MSA_INDEXER_PRODUCER": "cpasync"},
                       {"MSA_INDEXER_PREFILL": "portable"}], [0.6, 0.15, 0.15, 0.1]) if backend == "gpu" else {},
     )
     causal, explicit_offset, zero_q = case["causal"], r.random() < 0.25, r.random() < 0.2
     B = int(r.integers(1, 13)) if decode else int(r.integers(1, 5))
-    qmax = _pick(r, [1, 2, 3, 4], [0.5, 0.2, 0.1, 0.2])
+    qmax = pick(r, [1, 2, 3, 4], [0.5, 0.2, 0.1, 0.2])
     ragged = qmax > 1 and r.random() < 0.5
     budget = BUDGET["block_scores"][backend == "cpu"]
     scale = 1.0
@@ -488,7 +479,7 @@ TK_EDGES = [1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512
 def _tk_lengths(r, B, decode, qmax, ragged, zero_q, causal, explicit_offset, scale, topk, smem):
     qo, kv, off = [], [], []
     for _ in range(B):
-        kind = _pick(r, ["few", "mid", "long", "edge", "smem"],
+        kind = pick(r, ["few", "mid", "long", "edge", "smem"],
                      [0.2, 0.35, 0.2, 0.2, 0.05 if smem else 0.0])
         if kind == "few":  # around topk: every valid block, or just past it
             nkv = int(r.integers(1, topk + 4))
@@ -497,14 +488,14 @@ def _tk_lengths(r, B, decode, qmax, ragged, zero_q, causal, explicit_offset, sca
         elif kind == "long":
             nkv = int(r.integers(300, 2049))
         elif kind == "edge":  # the keys-per-lane capacities (32 blocks per power of two)
-            nkv = _pick(r, TK_EDGES)
+            nkv = pick(r, TK_EDGES)
         else:  # past 2048 blocks: the shared-memory kernel
             nkv = int(r.integers(2049, 2601))
         kl = max(int((nkv * mt.BLOCK - int(r.integers(0, mt.BLOCK))) * scale), 1)
         if decode:
             ql = int(r.integers(1, qmax + 1)) if ragged else qmax
         else:
-            ql = max(int(_pick(r, [1, int(r.integers(2, 41)), int(r.integers(41, 401))], [0.1, 0.4, 0.5]) * scale), 1)
+            ql = max(int(pick(r, [1, int(r.integers(2, 41)), int(r.integers(41, 401))], [0.1, 0.4, 0.5]) * scale), 1)
         if zero_q and r.random() < 0.2:
             ql = 0
             if r.random() < 0.4:
@@ -546,10 +537,10 @@ def draw_select_topk(seed: int, backend: str = "gpu") -> dict:
     assert backend in ("gpu", "cpu")
     r = np.random.default_rng([seed, 2])
     decode = r.random() < 0.5
-    topk = _pick(r, [1, 2, 4, 8, 16, 32, 64, int(r.integers(1, 65))], [0.04, 0.04, 0.08, 0.12, 0.38, 0.14, 0.1, 0.1])
+    topk = pick(r, [1, 2, 4, 8, 16, 32, 64, int(r.integers(1, 65))], [0.04, 0.04, 0.08, 0.12, 0.38, 0.14, 0.1, 0.1])
     if backend == "cpu" and r.random() < 0.15:
         topk = int(r.integers(65, 101))
-    fkind = _pick(r, ["m3", "none", "begin", "both", "random", "all"], [0.45, 0.15, 0.08, 0.1, 0.17, 0.05])
+    fkind = pick(r, ["m3", "none", "begin", "both", "random", "all"], [0.45, 0.15, 0.08, 0.1, 0.17, 0.05])
     if fkind == "m3":
         force = (0, 1)
     elif fkind == "none":
@@ -562,18 +553,18 @@ def draw_select_topk(seed: int, backend: str = "gpu") -> dict:
         fb = int(r.integers(0, topk + 1))
         fe = topk - fb if fkind == "all" else int(r.integers(0, topk - fb + 1))
         force = (fb, fe)
-    skind = _pick(r, ["normal", "perm", "monotone", "ties", "bf16", "constant", "wide"],
+    skind = pick(r, ["normal", "perm", "monotone", "ties", "bf16", "constant", "wide"],
                   [0.3, 0.12, 0.08, 0.2, 0.12, 0.05, 0.13])
     case = dict(
         op="select_topk", seed=seed, backend=backend, phase="decode" if decode else "prefill",
-        num_heads=_pick(r, [1, 2, 4, 8, 16], [0.15, 0.2, 0.4, 0.15, 0.1]), topk=topk,
+        num_heads=pick(r, [1, 2, 4, 8, 16], [0.15, 0.2, 0.4, 0.15, 0.1]), topk=topk,
         force_begin=force[0], force_end=force[1], causal=r.random() < 0.85,
-        scores=skind, ties=_pick(r, [2, 3, 5, 9]) if skind == "ties" else None,
-        nan_frac=_pick(r, [0.0, 0.02, 0.2], [0.6, 0.25, 0.15]), ninf_frac=_pick(r, [0.0, 0.05, 0.3], [0.6, 0.3, 0.1]),
-        pinf_frac=_pick(r, [0.0, 0.02], [0.8, 0.2]), zero_frac=_pick(r, [0.0, 0.05], [0.75, 0.25]),
+        scores=skind, ties=pick(r, [2, 3, 5, 9]) if skind == "ties" else None,
+        nan_frac=pick(r, [0.0, 0.02, 0.2], [0.6, 0.25, 0.15]), ninf_frac=pick(r, [0.0, 0.05, 0.3], [0.6, 0.3, 0.1]),
+        pinf_frac=pick(r, [0.0, 0.02], [0.8, 0.2]), zero_frac=pick(r, [0.0, 0.05], [0.75, 0.25]),
         poison_tail=r.random() < 0.4,
-        layout=_pick(r, ["HKT", "THK"]), scores_order=_order(r, 3, 0.7), scores_pad=_pad(r, 3, 0.75),
-        out_layout=_pick(r, ["THK", "HTK", "any"], [0.6, 0.3, 0.1]), out_pad=_pad(r, 3, 0.8),
+        layout=pick(r, ["HKT", "THK"]), scores_order=_order(r, 3, 0.7), scores_pad=_pad(r, 3, 0.75),
+        out_layout=pick(r, ["THK", "HTK", "any"], [0.6, 0.3, 0.1]), out_pad=_pad(r, 3, 0.8),
         extra_rows=0 if r.random() < 0.85 else int(r.integers(1, 7)),
         out_mode="given" if backend == "gpu" or r.random() < 0.6 else "alloc",
         validate=r.random() < 0.1,
@@ -582,7 +573,7 @@ def draw_select_topk(seed: int, backend: str = "gpu") -> dict:
     case["out_order"] = {"THK": [0, 1, 2], "HTK": [1, 0, 2], "any": any_order}[case["out_layout"]]
     explicit_offset, zero_q = r.random() < 0.25, r.random() < 0.25
     B = int(r.integers(1, 17)) if decode else int(r.integers(1, 4))
-    qmax = _pick(r, [1, 2, 3, 4], [0.5, 0.2, 0.1, 0.2])
+    qmax = pick(r, [1, 2, 3, 4], [0.5, 0.2, 0.1, 0.2])
     ragged = qmax > 1 and r.random() < 0.5
     smem = decode and r.random() < 0.3
     extra_blocks = 0 if r.random() < 0.6 else int(r.integers(1, 41))
@@ -616,7 +607,7 @@ def build_select_topk(case) -> dict:
     elif kind == "perm":  # distinct values, a random order per row
         s = r.random(shape).argsort(axis=-1)
     elif kind == "monotone":
-        s = np.broadcast_to(np.arange(NB) * _pick(r, [1.0, -1.0]), shape)
+        s = np.broadcast_to(np.arange(NB) * pick(r, [1.0, -1.0]), shape)
     elif kind == "ties":
         s = r.integers(0, case["ties"], shape)
     elif kind == "bf16":
@@ -709,19 +700,19 @@ def draw_merge_states(seed: int, backend: str = "gpu") -> dict:
     """One valid merge_states configuration (see the module docstring)."""
     assert backend in ("gpu", "cpu")
     r = np.random.default_rng([seed, 3])
-    S = _pick(r, [1, 2, 3, 4, 5, 8, 16, 33], [0.12, 0.25, 0.12, 0.15, 0.06, 0.12, 0.12, 0.06])
-    tkind = _pick(r, ["zero", "small", "mid"], [0.04, 0.4, 0.56])
+    S = pick(r, [1, 2, 3, 4, 5, 8, 16, 33], [0.12, 0.25, 0.12, 0.15, 0.06, 0.12, 0.12, 0.06])
+    tkind = pick(r, ["zero", "small", "mid"], [0.04, 0.4, 0.56])
     T = 0 if tkind == "zero" else int(r.integers(1, 9)) if tkind == "small" else int(r.integers(9, 301))
-    H = _pick(r, [1, 2, 4, 6, 8, 16, 32], [0.1, 0.1, 0.2, 0.1, 0.2, 0.2, 0.1])
-    D = _pick(r, [0, 1, 8, 64, 72, 128, 256, 512], [0.02, 0.04, 0.08, 0.2, 0.1, 0.34, 0.14, 0.08])
-    v_dtype = _pick(r, ["fp32", "bf16", "fp16"], [0.35, 0.4, 0.25])
-    out_dtype = v_dtype if r.random() < 0.5 else _pick(r, ["fp32", "bf16", "fp16"])
+    H = pick(r, [1, 2, 4, 6, 8, 16, 32], [0.1, 0.1, 0.2, 0.1, 0.2, 0.2, 0.1])
+    D = pick(r, [0, 1, 8, 64, 72, 128, 256, 512], [0.02, 0.04, 0.08, 0.2, 0.1, 0.34, 0.14, 0.08])
+    v_dtype = pick(r, ["fp32", "bf16", "fp16"], [0.35, 0.4, 0.25])
+    out_dtype = v_dtype if r.random() < 0.5 else pick(r, ["fp32", "bf16", "fp16"])
     case = dict(
         op="merge_states", seed=seed, backend=backend, v_dtype=v_dtype, out_dtype=out_dtype,
-        lse_mode=_pick(r, ["given", "return", "none"], [0.5, 0.3, 0.2]),
-        spread=_pick(r, [0.01, 0.5, 2.0, 8.0]), shift=r.random() < 0.3,
-        empty_frac=_pick(r, [0.0, 0.1, 0.3, 0.7, 1.0], [0.2, 0.35, 0.25, 0.15, 0.05]),
-        empty_rows=_pick(r, [0.0, 0.05, 0.3], [0.6, 0.3, 0.1]), nan_behind_empty=r.random() < 0.5,
+        lse_mode=pick(r, ["given", "return", "none"], [0.5, 0.3, 0.2]),
+        spread=pick(r, [0.01, 0.5, 2.0, 8.0]), shift=r.random() < 0.3,
+        empty_frac=pick(r, [0.0, 0.1, 0.3, 0.7, 1.0], [0.2, 0.35, 0.25, 0.15, 0.05]),
+        empty_rows=pick(r, [0.0, 0.05, 0.3], [0.6, 0.3, 0.1]), nan_behind_empty=r.random() < 0.5,
         v_order=_order(r, 4, 0.6, fixed_last=True), v_pad=_pad(r, 4, 0.7, last=[0, 1, 8]),
         lse_order=_order(r, 3, 0.7), lse_pad=_pad(r, 3, 0.75),
         out_mode="given" if backend == "gpu" or r.random() < 0.7 else "alloc",
@@ -821,26 +812,26 @@ def draw_build_page_table(seed: int, backend: str = "gpu") -> dict:
     """One valid build_page_table configuration (see the module docstring)."""
     assert backend in ("gpu", "cpu")
     r = np.random.default_rng([seed, 4])
-    P = _pick(r, [1, 2, 7, 16, 32, 48, 64, 100, 128, 256], [0.06, 0.04, 0.05, 0.15, 0.1, 0.05, 0.2, 0.05, 0.2, 0.1])
-    mkind = _pick(r, ["small", "mid", "large"], [0.2, 0.5, 0.3])
+    P = pick(r, [1, 2, 7, 16, 32, 48, 64, 100, 128, 256], [0.06, 0.04, 0.05, 0.15, 0.1, 0.05, 0.2, 0.05, 0.2, 0.1])
+    mkind = pick(r, ["small", "mid", "large"], [0.2, 0.5, 0.3])
     max_context = int(r.integers(1, 65)) if mkind == "small" else int(r.integers(65, 1001)) if mkind == "mid" \
         else int(r.integers(1001, 4001))
     pool = int(r.integers(1, 13))
     B = 0 if r.random() < 0.03 else int(r.integers(1, 11))
     lens = []
     for _ in range(B):
-        kind = _pick(r, ["zero", "one", "full", "edge", "any"], [0.1, 0.08, 0.12, 0.25, 0.45])
+        kind = pick(r, ["zero", "one", "full", "edge", "any"], [0.1, 0.08, 0.12, 0.25, 0.45])
         n = {"zero": 0, "one": 1, "full": max_context, "any": int(r.integers(0, max_context + 1)),
              "edge": P * int(r.integers(0, max_context // P + 1)) + int(r.integers(-1, 2))}[kind]
         lens.append(int(min(max(n, 0), max_context)))
     need = max([-(-n // P) for n in lens], default=0)
-    wkind = _pick(r, ["default", "explicit", "out"], [0.4, 0.3, 0.3] if backend == "cpu" else [0.0, 0.0, 1.0])
+    wkind = pick(r, ["default", "explicit", "out"], [0.4, 0.3, 0.3] if backend == "cpu" else [0.0, 0.0, 1.0])
     case = dict(
         op="build_page_table", seed=seed, backend=backend, page_size=P, pool=pool, max_context=max_context,
-        slots=_pick(r, ["aligned", "arbitrary"], [0.7, 0.3]),
-        unassigned=_pick(r, [0.0, 0.05, 0.5], [0.6, 0.25, 0.15]), unassigned_tails=r.random() < 0.2,
+        slots=pick(r, ["aligned", "arbitrary"], [0.7, 0.3]),
+        unassigned=pick(r, [0.0, 0.05, 0.5], [0.6, 0.25, 0.15]), unassigned_tails=r.random() < 0.2,
         rows=[int(x) for x in r.integers(0, pool, B)], seq_lens=lens,
-        index_dtype=_pick(r, ["int32", "int64"]), lens_dtype=_pick(r, ["int32", "int64"]),
+        index_dtype=pick(r, ["int32", "int64"]), lens_dtype=pick(r, ["int32", "int64"]),
         r2t_order=[0, 1] if r.random() < 0.75 else [1, 0], r2t_pad=_pad(r, 2, 0.7, hi=5),
         width_mode=wkind,
         width=-(-max_context // P) if wkind == "default" else need + int(r.integers(0, 6)),
@@ -971,26 +962,9 @@ def _gpu_case(op, seed, monkeypatch, device="cuda"):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
-def test_gpu_block_scores(seed, monkeypatch):
-    _gpu_case("block_scores", seed, monkeypatch)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
-def test_gpu_select_topk(seed, monkeypatch):
-    _gpu_case("select_topk", seed, monkeypatch)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
-def test_gpu_merge_states(seed, monkeypatch):
-    _gpu_case("merge_states", seed, monkeypatch)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
-def test_gpu_build_page_table(seed, monkeypatch):
-    _gpu_case("build_page_table", seed, monkeypatch)
+@pytest.mark.parametrize("op", OPS)
+def test_gpu_op(op, seed, monkeypatch):
+    _gpu_case(op, seed, monkeypatch)
 
 
 # ---- CPU: the draws themselves, and the CPU backend on draws of its own ---------------------------------
