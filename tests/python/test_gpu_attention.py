@@ -45,7 +45,10 @@ def run_gpu(plan, prob, tensors=None, extra_q_rows=0):
     lse = torch.full((T, prob.num_qo_heads), float("nan"), device=DEV, dtype=torch.float32)
     bi = t["block_idx"]
     if bi is not None and extra_q_rows:
+        htk = bi.stride(0) < bi.stride(1)  # the [Hkv, T, topk] layout, read through a permuted view
         bi = torch.cat([bi, torch.full((extra_q_rows, *bi.shape[1:]), -1, device=DEV, dtype=bi.dtype)])
+        if htk:  # keep it (torch.cat returns the [T, Hkv, topk] order)
+            bi = bi.permute(1, 0, 2).contiguous().permute(1, 0, 2)
     msa.attention(plan, q, t["k_cache"], t["v_cache"], t["page_table"], t["qo_indptr"], t["kv_lens"], block_idx=bi,
                   qo_offset=t["qo_offset"], page_indptr=t["page_indptr"], out=out, lse=lse, sm_scale=prob.sm_scale)
     torch.cuda.synchronize()
