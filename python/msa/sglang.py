@@ -206,9 +206,7 @@ def update_msa_decode_cg_meta(
     info = _plan_dict(fn, plan)
     P = block_size_k
     B = seq_lens.shape[0]
-    if B == 0:
-        return
-    if B != plan[2]:
+    if B != plan[2]:  # 0 requests too: a plan has at least one (plan_decode refuses batch 0)
         raise ValueError(f"{fn}: argument 'seq_lens': expected the plan's batch size {plan[2]}, got {B} requests")
     max_pages = kv_indices_buf.numel() // B
     if max_pages == 0 or max_pages * P > info["max_kv_len"]:
@@ -254,7 +252,11 @@ def msa_sparse_decode_main(
 ) -> torch.Tensor:
     """Sparse decode: each request's query sits at position seq_len - 1 and attends to the keys of its
     topk_idx blocks. With kv_indices and plan given it only launches (capturable in a CUDA graph);
-    without them it builds both first (build_msa_decode_meta). Returns o [batch, num_q_heads, head_dim]."""
+    without them it builds both first (build_msa_decode_meta). Returns o [batch, num_q_heads, head_dim].
+
+    kv_indices is read as update_msa_decode_cg_meta wrote it: B rows of max_pages entries (the dense form,
+    whose page row the kernels prefetch before their PDL wait). A table packed another way, with
+    plan_info["kv_page_indptr"] rewritten by the caller, goes to fmha_sm100(kv_indices=...) instead."""
     fn = "msa.sglang.msa_sparse_decode_main"
     _check_dtypes(fn, q, k_cache, v_cache)
     P = block_size_k

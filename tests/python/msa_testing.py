@@ -418,3 +418,19 @@ def to_numpy(prob: Problem, dtype=None) -> dict:
         "qo_offset": prob.qo_offset,
         "block_idx": prob.block_idx,
     }
+
+
+def capture_graph(fn):
+    """(graph, output) of fn captured in a CUDA graph after a warm-up on a side stream (as sglang captures its
+    decode), so that the capture records no first-call work."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out

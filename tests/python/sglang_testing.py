@@ -132,3 +132,4 @@ def to_torch(arrays: dict, device, dtype=None) -> dict:
         t = torch.from_numpy(np.ascontiguousarray(a))
         out[name] = t.to(device=device, dtype=dt) if a.dtype.kind == "f" else t.to(device=device)
     return out
+

@@ -331,6 +331,9 @@ def test_sglang_refusals(rng):
     with pytest.raises(ValueError, match="max_kv_len"):
         msg.update_msa_decode_cg_meta(plan, torch.zeros(2 * 8, dtype=torch.int32), r2t, t["slot_ids"],
                                       t["seq_lens"], 128, TOPK, HQ, HKV)
+    with pytest.raises(ValueError, match="plan's batch size 2, got 0 requests"):  # not a silent no-op
+        msg.update_msa_decode_cg_meta(plan, torch.zeros(2 * 4, dtype=torch.int32), r2t, t["slot_ids"][:0],
+                                      t["seq_lens"][:0], 128, TOPK, HQ, HKV)
     if not torch.cuda.is_available():
         assert not msg.msa_available()
 

@@ -50,19 +50,6 @@ def host(o):
     return o.float().cpu().numpy()
 
 
-def capture(fn):
-    """fn captured in a CUDA graph after a warm-up on a side stream, as sglang captures its decode."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
-
-
 def test_msa_available():
     assert msg.msa_available()
 
@@ -114,7 +101,7 @@ def test_sglang_decode_20_steps_under_one_cuda_graph(rng):
 
     load(lens)
     update()
-    graph, o_graph = capture(decode)
+    graph, o_graph = mt.capture_graph(decode)
     for step in range(20):
         lens = lens + grow
         append_tokens(rng, state, k_pool, v_pool, slot_ids, lens, grow)
@@ -176,7 +163,7 @@ def test_fmha_sm100_plan_dict_rewritten_in_place_under_a_graph(rng):
         return o
 
     rewrite(lens, lens - 1)
-    graph, o_graph = capture(run)
+    graph, o_graph = mt.capture_graph(run)
     for step in range(5):
         lens = lens + np.array([1, 40, 3])
         positions = lens - 1 - np.array([0, 50, 7])  # queries before the last key: causal masking
@@ -265,7 +252,7 @@ def test_custom_op_captured_in_a_cuda_graph(rng):
         return out
 
     load(np.array([500, 3]))
-    graph, _ = capture(run)
+    graph, _ = mt.capture_graph(run)
     for seq_lens in ([501, 4], [1000, 129], [2048, 1]):
         batch = load(np.array(seq_lens))
         graph.replay()

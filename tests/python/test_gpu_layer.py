@@ -67,14 +67,7 @@ def test_layer_decode_graph_replay_with_changing_lengths(rng):
                                    t["page_table"], t["qo_indptr"], kv_lens, force_end=1, scores=scores,
                                    block_idx=block_idx, out=out)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    g, _ = mt.capture_graph(step)
     for it in range(10):
         lens = torch.from_numpy(rng.integers(1, cap + 1, size=B).astype(np.int32)).cuda()
         kv_lens.copy_(lens)
