@@ -26,8 +26,7 @@ struct PrefillState {
   int32_t kv_tail_items = 0, kv_tail_sub_tiles = 0;  // KvMajorParams::tail_items / tail_sub_tiles
   // Programmatic dependent launch (PDL) where a launch follows a kernel of this run on the same stream:
   // the lists after the schedule, the query-major kernel right after the lists (or the schedule) on the
-  // caller's stream, and (pdl_kv) scan, fill and
-  // the KV-major kernel after the kernel before them. Every kernel of the run waits for its predecessor
+  // caller's stream, and (pdl_kv) scan, fill and the KV-major kernel after the kernel before them. Every kernel of the run waits for its predecessor
   // (grid_dependency_wait) before anything else, so either launch is correct. The merge is never launched
   // so: with PDL it took 77 -> 87 us at M3-TP4 P-chunk `random` and 277 -> 315 us at M3-TP1 (its CTAs
   // sit waiting on the SMs the KV-major kernel leaves). H200, variants in one process, two processes
