@@ -65,8 +65,8 @@ bool env_flag(const char* name, bool dflt) {
   MSA_FAIL(kValue, "msa.plan_prefill: environment variable ", name, ": expected 0 or 1, got '", e, "'");
 }
 
-// MSA_SM90_KV_CONCURRENT=0 keeps the query-major kernel on the caller's stream, ahead of the KV-major
-// launches.
+// MSA_SM90_KV_CONCURRENT=0 keeps the KV-major launches on the caller's stream too, after the query-major kernel
+// (no fork: the serial order).
 bool kv_concurrent() { return env_flag("MSA_SM90_KV_CONCURRENT", true); }
 
 // MSA_SM90_KV_TMA_STORE=0|1 overrides kKvTmaStore.
