@@ -1,6 +1,6 @@
 """Pieces shared by the seeded random-configuration sweeps (test_gpu_fuzz.py: msa.attention;
 test_gpu_fuzz_ops.py: block_scores, select_topk, merge_states, build_page_table): the seed range of a GPU
-sweep and a weighted pick from a draw's generator."""
+sweep, a weighted pick from a draw's generator, and the retries that shrink a draw to its cost budget."""
 import os
 import pprint
 
@@ -23,3 +23,16 @@ def pick(r: np.random.Generator, values, p=None):
 def describe(case: dict, rebuild: str) -> str:
     """The drawn case for a failure message, with the call that rebuilds it."""
     return f"fuzz case (rebuild with {rebuild}):\n" + pprint.pformat(case, width=110, sort_dicts=False)
+
+
+def shrinking(what: str, batch: int, attempts: int = 200):
+    """(attempt, scale, batch) for the retries of a draw that must fit a cost budget: each retry scales the
+    lengths by 0.8 more and every second one drops a request (batch >= 1). The caller breaks out once the draw
+    fits; past the last attempt this raises, naming `what`."""
+    scale = 1.0
+    for attempt in range(attempts):
+        yield attempt, scale, batch
+        scale *= 0.8
+        if attempt % 2:
+            batch = max(1, batch - 1)
+    raise AssertionError(f"{what}: no configuration within the budget")

@@ -29,7 +29,7 @@ import pytest
 
 import msa
 import msa_testing as mt
-from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick
+from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick, shrinking
 
 SEEDS = gpu_seeds(120)
 CPU_SEEDS = range(30)
@@ -181,8 +181,7 @@ def draw_case(seed: int, backend: str = "gpu") -> dict:
         empty_row_prob=pick(r, [0.0, 0.05, 0.2, 0.5], [0.6, 0.2, 0.15, 0.05]) if sparse else 0.0,
     )
     budget = COST_BUDGET if backend == "gpu" else CPU_COST_BUDGET
-    scale, B = 1.0, B0
-    for attempt in range(200):  # shrink the lengths (and the batch) until the reference fits the budget
+    for attempt, scale, B in shrinking(f"draw_case({seed})", B0):  # until the reference fits the budget
         if decode:
             qo, kv, off = _decode_lengths(r, B, qmax, ragged, zero_q, causal, explicit_offset, scale)
         else:
@@ -195,11 +194,6 @@ def draw_case(seed: int, backend: str = "gpu") -> dict:
         case = dict(seed=seed, backend=backend, phase="decode" if decode else "prefill", problem=problem)
         if ref_cost(case) <= budget:
             break
-        scale *= 0.8
-        if attempt % 2:
-            B = max(1, B - 1)
-    else:
-        raise AssertionError(f"draw_case({seed}): no configuration within the budget")
 
     split = {}
     if decode:

@@ -64,7 +64,7 @@ import pytest
 import msa
 import msa_testing as mt
 import sglang_testing as st
-from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick
+from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick, shrinking
 
 FAMILIES = ("decode", "prefill", "table")
 SEEDS = {"decode": gpu_seeds(50), "prefill": gpu_seeds(50), "table": gpu_seeds(40)}
@@ -243,9 +243,8 @@ def draw_decode(seed: int, backend: str = "gpu") -> dict:
     plan_kind = pick(r, ["default", "exact", "more"], [0.5, 0.25, 0.25])
     more_keys = int(r.integers(1, 5000))
     remainder = r.random() < 0.25
-    scale, B = 1.0, B0
     budget = BUDGET["decode"][backend == "cpu"]
-    for attempt in range(200):  # shrink the lengths (and the batch) until the reference fits the budget
+    for _, scale, B in shrinking(f"draw_decode({seed})", B0):  # until the reference fits the budget
         schedule, rows = _decode_schedule(r, B, steps, pad_kind, turnover, extra_rows, scale)
         longest = max(max(s["seq_lens"]) for s in schedule)
         max_context = max(longest + slack, 1)
@@ -259,11 +258,6 @@ def draw_decode(seed: int, backend: str = "gpu") -> dict:
                                      "more": buf_pages * P + more_keys}[plan_kind])
         if decode_cost(case) <= budget:
             break
-        scale *= 0.8
-        if attempt % 2:
-            B = max(1, B - 1)
-    else:
-        raise AssertionError(f"draw_decode({seed}): no configuration within the budget")
     case.update(
         seq_dtype=pick(r, ["int64", "int32"], [0.6, 0.4]), slot_dtype=pick(r, ["int64", "int32"], [0.6, 0.4]),
         index_dtype=pick(r, ["int32", "int64"], [0.8, 0.2]), **_view_knobs(r),
@@ -323,9 +317,8 @@ def draw_prefill(seed: int, backend: str = "gpu") -> dict:
     B0 = pick(r, [1, 2, 3, 4, 5, 6], [0.25, 0.25, 0.2, 0.15, 0.1, 0.05])
     extra_rows = pick(r, [0, 1, 2], [0.5, 0.3, 0.2])
     slack = pick(r, [0, int(r.integers(1, P)), int(r.integers(P, 800))], [0.35, 0.35, 0.3])
-    scale, B = 1.0, B0
     budget = BUDGET["prefill"][backend == "cpu"]
-    for attempt in range(200):
+    for _, scale, B in shrinking(f"draw_prefill({seed})", B0):
         rows = B + extra_rows
         perm = r.permutation(rows)
         requests = []
@@ -340,11 +333,6 @@ def draw_prefill(seed: int, backend: str = "gpu") -> dict:
                     spare_pages=pick(r, [0, 1, 3]))
         if prefill_cost(case) <= budget:
             break
-        scale *= 0.8
-        if attempt % 2:
-            B = max(1, B - 1)
-    else:
-        raise AssertionError(f"draw_prefill({seed}): no configuration within the budget")
     case.update(
         seq_dtype=pick(r, ["int64", "int32"], [0.6, 0.4]), slot_dtype=pick(r, ["int64", "int32"], [0.6, 0.4]),
         cu_dtype=pick(r, ["int32", "int64"], [0.8, 0.2]), index_dtype=pick(r, ["int32", "int64"], [0.8, 0.2]),
@@ -419,9 +407,8 @@ def draw_table(seed: int, backend: str = "gpu") -> dict:
     case.update(causal=causal, page_size=page_size, phase="decode" if decode else "prefill",
                 pattern=pick(r, ["random", "clustered", "shared"], [0.6, 0.2, 0.2]) if sparse else None,
                 override=override)
-    scale, B = 1.0, B0
     budget = BUDGET["table"][backend == "cpu"]
-    for attempt in range(200):
+    for _, scale, B in shrinking(f"draw_table({seed})", B0):
         qo, kv, off = _table_lengths(r, decode, B, causal, scale)
         plan_off = None
         if override == "int" or plan_offsets == "int":  # one offset valid for every request
@@ -441,11 +428,6 @@ def draw_table(seed: int, backend: str = "gpu") -> dict:
                     problem=dict(qo_lens=qo, kv_lens=kv, qo_offset=off))
         if table_cost(case) <= budget:
             break
-        scale *= 0.8
-        if attempt % 2:
-            B = max(1, B - 1)
-    else:
-        raise AssertionError(f"draw_table({seed}): no configuration within the budget")
     case.update(
         slot_major=r.random() < 0.6, index_layout="HTK" if r.random() < 0.6 else "THK",
         neg_slot_prob=pick(r, [0.0, 0.2, 0.6]), empty_row_prob=pick(r, [0.0, 0.05, 0.3], [0.6, 0.3, 0.1]),

@@ -48,7 +48,7 @@ import pytest
 
 import msa
 import msa_testing as mt
-from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick
+from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick, shrinking
 
 SEEDS = gpu_seeds(100)
 CPU_SEEDS = range(20)
@@ -330,8 +330,7 @@ def draw_block_scores(seed: int, backend: str = "gpu") -> dict:
     qmax = pick(r, [1, 2, 3, 4], [0.5, 0.2, 0.1, 0.2])
     ragged = qmax > 1 and r.random() < 0.5
     budget = BUDGET["block_scores"][backend == "cpu"]
-    scale = 1.0
-    for attempt in range(200):
+    for attempt, scale, B in shrinking(f"draw_block_scores({seed})", B):
         qo, kv, off = _bs_lengths(r, B, decode, qmax, ragged, zero_q, causal, explicit_offset, scale)
         if attempt == 10:
             case["spare_pages"] = 0
@@ -340,11 +339,6 @@ def draw_block_scores(seed: int, backend: str = "gpu") -> dict:
         case.update(qo_lens=qo, kv_lens=kv, qo_offset=off if explicit_offset else None)
         if block_scores_cost(case) <= budget:
             break
-        scale *= 0.8
-        if attempt % 2:
-            B = max(1, B - 1)
-    else:
-        raise AssertionError(f"draw_block_scores({seed}): no configuration within the budget")
     case.update(data_seed=[seed, 1, 1], est_cost=round(block_scores_cost(case), 4))
     return case
 
@@ -578,19 +572,13 @@ def draw_select_topk(seed: int, backend: str = "gpu") -> dict:
     smem = decode and r.random() < 0.3
     extra_blocks = 0 if r.random() < 0.6 else int(r.integers(1, 41))
     budget = BUDGET["select_topk"][backend == "cpu"]
-    scale = 1.0
-    for attempt in range(200):
+    for _, scale, B in shrinking(f"draw_select_topk({seed})", B):
         qo, kv, off = _tk_lengths(r, B, decode, qmax, ragged, zero_q, case["causal"], explicit_offset, scale,
                                   topk, smem)
         case.update(qo_lens=qo, kv_lens=kv, qo_offset=off if explicit_offset else None,
                     max_blocks=max(-(-max(kv) // mt.BLOCK) + extra_blocks, 1))
         if select_topk_cost(case) <= budget:
             break
-        scale *= 0.8
-        if attempt % 2:
-            B = max(1, B - 1)
-    else:
-        raise AssertionError(f"draw_select_topk({seed}): no configuration within the budget")
     case.update(data_seed=[seed, 2, 1], est_cost=round(select_topk_cost(case), 4))
     return case
 
