@@ -430,7 +430,25 @@ def capture_graph(fn):
     with torch.cuda.stream(side):
         fn()
     torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn()
+    torch.cuda.synchronize()
     return graph, out
+
+
+class no_host_sync:
+    """A block in which any torch operation that synchronizes with the host raises (torch's sync debug mode
+    "error"): a decode step as an engine replays it between CUDA graph launches."""
+
+    def __enter__(self):
+        import torch
+
+        torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.cuda.set_sync_debug_mode("default")
+        return False

@@ -25,21 +25,6 @@ HQ, HKV, D, TOPK, P = 32, 2, 128, 16, 64
 STEPS = 50
 
 
-def capture(fn):
-    """fn captured in a CUDA graph after an eager warm-up on a side stream (as serving engines do)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph
-
-
 class DecodeBuffers:
     """Fixed-address device tensors sized by the plan's limits; each step's problem is copied into them."""
 
@@ -94,7 +79,7 @@ def test_decode_graph_replay(rng, pattern, split):
     qo, kv_lens = step_lengths(rng, kv_lens)
     buf.load(mt.make_problem(rng, qo_lens=qo, kv_lens=kv_lens, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D,
                              page_size=P, topk=TOPK, pattern=pattern))
-    graph = capture(lambda: buf.attention(plan, buf.out, buf.lse))
+    graph, _ = mt.capture_graph(lambda: buf.attention(plan, buf.out, buf.lse))
     eager_out, eager_lse = torch.empty_like(buf.out), torch.empty_like(buf.lse)
     for step in range(STEPS):
         qo, kv_lens = step_lengths(rng, kv_lens)
@@ -163,7 +148,7 @@ def test_page_table_build_in_graph(rng):
         return kv, n, table, ref
 
     kv_lens, _, _, _ = load(rng.integers(100, 1500, size=B))
-    graph = capture(step)
+    graph, _ = mt.capture_graph(step)
     for s in range(STEPS):
         kv_lens, n, table, ref = load(kv_lens)
         out.fill_(float("nan"))
