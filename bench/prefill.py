@@ -393,6 +393,8 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
         rows.append(r)
         err = "" if r["max_err"] is None else f"  max_err {r['max_err']:.2e}"
         eager = "" if "eager_us" not in extra else f"  eager {extra['eager_us']:.1f} us"
+        if "eager_flushed_us" in extra:
+            eager += f" (flushed {extra['eager_flushed_us']:.1f})"
         if "isolated_us" in extra:
             eager = f"  isolated {extra['isolated_us']:.1f} us" + eager
         kern = "" if "kernels_us" not in extra else "  " + " ".join(f"{k} {v}" for k, v in extra["kernels_us"].items())
@@ -430,6 +432,9 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
                 extra["isolated_us"] = round(time_graph(call, iters=iters, warmup=1), 1)
             eager = time_eager(call, iters=iters)
             extra["eager_us"] = round(eager, 1)
+            # Eager calls timed as the peers are (do_bench: flushed, back to back): the GPU's time when the host's
+            # work per call fits under the flush, else the host's (bench/run_host.py measures that work).
+            extra["eager_flushed_us"] = round(time_flushed(call, iters=iters, graph=False), 1)
             if us is None:
                 us = eager
             if opts.profile:

@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
@@ -57,6 +58,77 @@ std::string dl_dtype_str(nb::dlpack::dtype t) {
   return s;
 }
 
+// DLPack's C exchange API (DLPack >= 1.2; torch >= 2.10 sets it on its tensor type): a tensor's description
+// and its framework's current stream through C function pointers. On the H200 machine t.__dlpack__(), which
+// nanobind's import calls, takes ~2.5 us per torch tensor and torch.cuda.current_stream() ~4 us, so that an
+// eager msa.attention spent ~24 us of its ~37-59 us of host time there (bench/run_host.py,
+// run_host-20261130-*.md). The layout below is DLPack 1.x's DLPackExchangeAPI (the header of a DLPack
+// <= 1.1 install does not declare it).
+struct ExchangeApiV1 {
+  struct {
+    uint32_t major, minor;
+    void* prev_api;
+  } header;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out);  // may be NULL
+  int (*current_work_stream)(DLDeviceType device_type, int32_t device_id, void** out_current_stream);
+};
+
+// What the fast import knows of a tensor type: its exchange API (nullptr: none usable), and whether it is
+// torch's (whose tensors are always writable).
+struct FastType {
+  PyTypeObject* type;
+  const ExchangeApiV1* api;
+  bool torch;
+};
+
+bool g_fast_import = true;  // msa._C._set_fast_import (tests compare both paths)
+
+// The stream argument that stands for "the current stream of the tensors' framework" (Call::stream).
+constexpr int64_t kCurrentStream = -1;
+
+const ExchangeApiV1* lookup_exchange_api(PyTypeObject* tp) {
+  for (const char* attr : {"__dlpack_c_exchange_api__", "__c_dlpack_exchange_api__"}) {
+    PyObject* a = PyObject_GetAttrString(reinterpret_cast<PyObject*>(tp), attr);
+    if (a == nullptr) {
+      PyErr_Clear();
+      continue;
+    }
+    void* ptr = nullptr;
+    if (PyCapsule_CheckExact(a)) ptr = PyCapsule_GetPointer(a, "dlpack_exchange_api");
+    else if (PyLong_Check(a)) ptr = PyLong_AsVoidPtr(a);
+    Py_DECREF(a);
+    if (PyErr_Occurred()) PyErr_Clear();
+    const auto* api = static_cast<const ExchangeApiV1*>(ptr);
+    if (api != nullptr && api->header.major == 1 && api->current_work_stream != nullptr) return api;
+  }
+  return nullptr;
+}
+
+// The fast-import facts of tp, looked up once per type (with the GIL held; the first 32 types seen are kept
+// alive by a reference so that their address cannot be reused by another type).
+FastType fast_type(PyTypeObject* tp) {
+  static std::vector<FastType> seen;
+  for (const FastType& f : seen)
+    if (f.type == tp) return f;
+  FastType f{tp, lookup_exchange_api(tp), false};
+  if (f.api != nullptr) {
+    PyObject* mod = PyObject_GetAttrString(reinterpret_cast<PyObject*>(tp), "__module__");
+    if (mod == nullptr) PyErr_Clear();
+    const char* m = mod != nullptr && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : nullptr;
+    if (m == nullptr) PyErr_Clear();
+    f.torch = m != nullptr && std::strncmp(m, "torch", 5) == 0;
+    Py_XDECREF(mod);
+  }
+  if (seen.size() < 32) {
+    Py_INCREF(reinterpret_cast<PyObject*>(tp));
+    seen.push_back(f);
+  }
+  return f;
+}
+
 std::string py_type_name(nb::handle obj) {
   return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__name__")));
 }
@@ -72,9 +144,28 @@ class Call {
   // An output the call writes; None is an absent view (optional outputs such as lse).
   msa::TensorView out(nb::handle obj, const char* name) { return import(obj, name, /*writable=*/true); }
 
+  // The stream argument of a binding: a cudaStream_t handle, or kCurrentStream for the current stream of the
+  // framework of `like` (a torch tensor; python/msa/_framework.py resolve_stream), asked through its DLPack C
+  // exchange API where it has one, else through torch.cuda.current_stream. `view` is like's import.
+  void* stream(int64_t handle, nb::handle like, const msa::TensorView& view) const {
+    if (handle != kCurrentStream) return reinterpret_cast<void*>(static_cast<uintptr_t>(handle));
+    if (!view.defined() || !view.device().is_cuda()) return nullptr;
+    const FastType f = g_fast_import ? fast_type(Py_TYPE(like.ptr())) : FastType{nullptr, nullptr, false};
+    void* s = nullptr;
+    if (f.api != nullptr) {
+      if (f.api->current_work_stream(kDLCUDA, view.device().id, &s) == 0) return s;
+      PyErr_Clear();
+    }
+    nb::object torch_stream = nb::module_::import_("torch").attr("cuda").attr("current_stream")(view.device().id);
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>(torch_stream.attr("cuda_stream")));
+  }
+
  private:
   msa::TensorView import(nb::handle obj, const char* name, bool writable) {
     if (obj.is_none()) return {};
+    if (g_fast_import) {
+      if (std::optional<msa::TensorView> v = try_fast_import(obj, name, writable)) return *v;
+    }
     std::optional<msa::DType> declared;
     std::optional<Imported> arr = try_import(obj, writable);
     if (!arr) {
@@ -85,6 +176,23 @@ class Call {
     }
     if (!arr) fail_import(obj, name, writable);
     return to_view(*arr, name, declared);
+  }
+
+  // Through the type's DLPack C exchange API: outputs only for torch tensors (the API does not say whether a
+  // tensor is read-only; torch's never are). A tensor that requires grad is read as it is, as the __dlpack__
+  // path reads it (nanobind falls back to torch.utils.dlpack.to_dlpack when __dlpack__ refuses it).
+  // nullopt: take the __dlpack__ path.
+  std::optional<msa::TensorView> try_fast_import(nb::handle obj, const char* name, bool writable) {
+    const FastType f = fast_type(Py_TYPE(obj.ptr()));
+    if (f.api == nullptr || f.api->dltensor_from_py_object_no_sync == nullptr || (writable && !f.torch))
+      return std::nullopt;
+    DLTensor t{};
+    if (f.api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) {
+      PyErr_Clear();
+      return std::nullopt;
+    }
+    return view_of(static_cast<char*>(t.data) + t.byte_offset, t.dtype.code, t.dtype.bits, t.dtype.lanes, t.ndim,
+                   t.shape, t.strides, t.device.device_type, t.device.device_id, name, std::nullopt);
   }
 
   // No implicit conversion: a converted copy of an output would silently drop the results.
@@ -133,22 +241,28 @@ class Call {
 
   msa::TensorView to_view(const Imported& a, const char* name, std::optional<msa::DType> declared) const {
     const nb::dlpack::dtype dl = a.dtype();
-    const msa::DType dtype = declared ? *declared : msa::dtype_from_dl(DLDataType{dl.code, dl.bits, dl.lanes});
+    return view_of(const_cast<void*>(a.data()), dl.code, dl.bits, dl.lanes, static_cast<int>(a.ndim()), a.shape_ptr(),
+                   a.stride_ptr(), a.device_type(), a.device_id(), name, declared);
+  }
+
+  msa::TensorView view_of(void* data, uint8_t code, uint8_t bits, uint16_t lanes, int ndim, const int64_t* shape,
+                          const int64_t* strides, int32_t device_type, int32_t device_id, const char* name,
+                          std::optional<msa::DType> declared) const {
+    const msa::DType dtype = declared ? *declared : msa::dtype_from_dl(DLDataType{code, bits, lanes});
     MSA_CHECK(dtype != msa::DType::kUnknown, kType, fn_, ": argument '", name,
-              "': unsupported dtype ", dl_dtype_str(dl),
+              "': unsupported dtype ", dl_dtype_str(nb::dlpack::dtype{code, bits, lanes}),
               " (expected one of float32, float16, bfloat16, float8_e4m3fn, int32, int64, uint8)");
-    const int ndim = static_cast<int>(a.ndim());
     MSA_CHECK(ndim <= msa::TensorView::kMaxDims, kValue, fn_, ": argument '", name, "': expected at most ",
               msa::TensorView::kMaxDims, " dimensions, got ", ndim);
     msa::Device device;
-    switch (a.device_type()) {
+    switch (device_type) {
       case kDLCPU: case kDLCUDAHost: device = {msa::DeviceType::kCPU, 0}; break;
-      case kDLCUDA: case kDLCUDAManaged: device = {msa::DeviceType::kCUDA, a.device_id()}; break;
+      case kDLCUDA: case kDLCUDAManaged: device = {msa::DeviceType::kCUDA, device_id}; break;
       default:
         MSA_FAIL(kType, fn_, ": argument '", name, "': expected a CPU or CUDA tensor, got DLPack device type ",
-                 a.device_type());
+                 device_type);
     }
-    return msa::TensorView(const_cast<void*>(a.data()), dtype, ndim, a.shape_ptr(), a.stride_ptr(), device);
+    return msa::TensorView(data, dtype, ndim, shape, strides, device);
   }
 
   const char* fn_;
@@ -191,8 +305,6 @@ msa::AttentionConfig make_config(int num_qo_heads, int num_kv_heads, int head_di
   c.causal = causal;
   return c;
 }
-
-void* stream_ptr(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
 
 std::string plan_repr(const msa::Plan& p) {
   const msa::AttentionConfig& c = p.config();
@@ -292,7 +404,7 @@ void bind_ops(nb::module_& m) {
       "attention",
       [](const msa::Plan& plan, nb::handle q, nb::handle k, nb::handle v, nb::handle page_table,
          nb::handle page_indptr, nb::handle qo_indptr, nb::handle kv_lens, nb::handle qo_offset, nb::handle block_idx,
-         nb::handle o, nb::handle lse, float sm_scale, bool validate, uintptr_t stream) {
+         nb::handle o, nb::handle lse, float sm_scale, bool validate, int64_t stream) {
         Call call("msa.attention");
         const msa::TensorView q_v = call.in(q, "q"), k_v = call.in(k, "k_cache"), v_v = call.in(v, "v_cache");
         const msa::PageTable pages{call.in(page_table, "page_table"), call.in(page_indptr, "page_indptr")};
@@ -300,7 +412,7 @@ void bind_ops(nb::module_& m) {
                                   call.in(qo_offset, "qo_offset")};
         const msa::TensorView bi = call.in(block_idx, "block_idx");
         const msa::TensorView o_v = call.out(o, "out"), lse_v = call.out(lse, "lse");
-        const msa::RunOptions opts{sm_scale, stream_ptr(stream), validate};
+        const msa::RunOptions opts{sm_scale, call.stream(stream, q, q_v), validate};
         nb::gil_scoped_release nogil;
         msa::attention(plan, q_v, k_v, v_v, pages, seqs, bi, o_v, lse_v, opts);
       },
@@ -312,7 +424,7 @@ void bind_ops(nb::module_& m) {
       "block_scores",
       [](nb::handle q, nb::handle k_index, nb::handle k_scale, nb::handle page_table, nb::handle page_indptr,
          nb::handle qo_indptr, nb::handle kv_lens, nb::handle qo_offset, nb::handle out, const std::string& layout,
-         bool causal, bool validate, uintptr_t stream) {
+         bool causal, bool validate, int64_t stream) {
         const char* fn = "msa.block_scores";
         Call call(fn);
         const msa::ScoreLayout lay = parse_layout(fn, layout);
@@ -322,7 +434,7 @@ void bind_ops(nb::module_& m) {
         const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
                                   call.in(qo_offset, "qo_offset")};
         const msa::TensorView out_v = call.out(out, "out");
-        const msa::RunOptions opts{0.0f, stream_ptr(stream), validate};
+        const msa::RunOptions opts{0.0f, call.stream(stream, q, q_v), validate};
         nb::gil_scoped_release nogil;
         msa::block_scores(q_v, k_v, ks_v, pages, seqs, out_v, lay, causal, opts);
       },
@@ -334,7 +446,7 @@ void bind_ops(nb::module_& m) {
       "select_topk",
       [](nb::handle scores, nb::handle qo_indptr, nb::handle kv_lens, int topk, nb::handle qo_offset,
          const std::string& layout, int force_begin, int force_end, bool causal, nb::handle out, bool validate,
-         uintptr_t stream) {
+         int64_t stream) {
         const char* fn = "msa.select_topk";
         Call call(fn);
         const msa::ScoreLayout lay = parse_layout(fn, layout);
@@ -342,7 +454,7 @@ void bind_ops(nb::module_& m) {
         const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
                                   call.in(qo_offset, "qo_offset")};
         const msa::TensorView out_v = call.out(out, "out");
-        const msa::RunOptions opts{0.0f, stream_ptr(stream), validate};
+        const msa::RunOptions opts{0.0f, call.stream(stream, scores, s_v), validate};
         nb::gil_scoped_release nogil;
         msa::select_topk(s_v, lay, seqs, topk, force_begin, force_end, out_v, causal, opts);
       },
@@ -352,11 +464,11 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "merge_states",
-      [](nb::handle v_parts, nb::handle lse_parts, nb::handle out, nb::handle lse_out, uintptr_t stream) {
+      [](nb::handle v_parts, nb::handle lse_parts, nb::handle out, nb::handle lse_out, int64_t stream) {
         Call call("msa.merge_states");
         const msa::TensorView v_v = call.in(v_parts, "v_parts"), l_v = call.in(lse_parts, "lse_parts");
         const msa::TensorView o_v = call.out(out, "out"), lo_v = call.out(lse_out, "lse_out");
-        const msa::RunOptions opts{0.0f, stream_ptr(stream), false};
+        const msa::RunOptions opts{0.0f, call.stream(stream, v_parts, v_v), false};
         nb::gil_scoped_release nogil;
         msa::merge_states(v_v, l_v, o_v, lo_v, opts);
       },
@@ -366,19 +478,29 @@ void bind_ops(nb::module_& m) {
   m.def(
       "build_page_table",
       [](nb::handle req_to_token, nb::handle req_pool_indices, nb::handle seq_lens, int page_size, nb::handle out,
-         uintptr_t stream) {
+         int64_t stream) {
         Call call("msa.build_page_table");
         const msa::TensorView r_v = call.in(req_to_token, "req_to_token");
         const msa::TensorView i_v = call.in(req_pool_indices, "req_pool_indices");
         const msa::TensorView s_v = call.in(seq_lens, "seq_lens");
         const msa::TensorView o_v = call.out(out, "out");
-        const msa::RunOptions opts{0.0f, stream_ptr(stream), false};
+        const msa::RunOptions opts{0.0f, call.stream(stream, req_to_token, r_v), false};
         nb::gil_scoped_release nogil;
         msa::build_page_table(r_v, i_v, s_v, page_size, o_v, opts);
       },
       "req_to_token"_a, "req_pool_indices"_a, "seq_lens"_a, "page_size"_a, "out"_a, "stream"_a = 0,
       "Binding of msa::build_page_table; use msa.build_page_table.");
 
+  m.def(
+      "_set_fast_import",
+      [](bool on) {
+        const bool was = g_fast_import;
+        g_fast_import = on;
+        return was;
+      },
+      "on"_a,
+      "Whether tensors are imported through their type's DLPack C exchange API where it has one (default), or "
+      "always through __dlpack__; returns the previous setting. For tests and benchmarks.");
   m.def("cuda_available", &msa::cuda_available,
         "True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.");
 }

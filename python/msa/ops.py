@@ -248,7 +248,8 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
                          f"(one index head per KV head), got shape {tuple(getattr(q_index, 'shape', ()))}")
     _layout(fn, score_layout)
     max_blocks = math.ceil(plan.max_kv_len / BLOCK)
-    stream = resolve_stream(fn, stream, q)
+    if stream is not None:  # checked once here; None is resolved by each call (torch's current stream)
+        stream = resolve_stream(fn, stream, q)
     scores = block_scores(q_index, k_index, page_table, qo_indptr, kv_lens, qo_offset=qo_offset,
                           page_indptr=page_indptr, k_scale=k_index_scale,
                           max_blocks=None if scores is not None else max_blocks, layout=score_layout,
