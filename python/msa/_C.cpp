@@ -145,8 +145,9 @@ class Call {
   msa::TensorView out(nb::handle obj, const char* name) { return import(obj, name, /*writable=*/true); }
 
   // The stream argument of a binding: a cudaStream_t handle, or kCurrentStream for the current stream of the
-  // framework of `like` (a torch tensor; python/msa/_framework.py resolve_stream), asked through its DLPack C
-  // exchange API where it has one, else through torch.cuda.current_stream. `view` is like's import.
+  // framework of `like` (a torch tensor whose type has the DLPack C exchange API: python/msa/_framework.py
+  // resolve_stream asks _current_stream_through_api first), asked through that API, or should it fail, through
+  // torch.cuda.current_stream. `view` is like's import.
   void* stream(int64_t handle, nb::handle like, const msa::TensorView& view) const {
     if (handle != kCurrentStream) return reinterpret_cast<void*>(static_cast<uintptr_t>(handle));
     if (!view.defined() || !view.device().is_cuda()) return nullptr;
@@ -501,6 +502,12 @@ void bind_ops(nb::module_& m) {
       "on"_a,
       "Whether tensors are imported through their type's DLPack C exchange API where it has one (default), or "
       "always through __dlpack__; returns the previous setting. For tests and benchmarks.");
+  m.def(
+      "_current_stream_through_api",
+      [](nb::handle like) { return g_fast_import && fast_type(Py_TYPE(like.ptr())).api != nullptr; },
+      "like"_a,
+      "Whether a call can be given the stream -1 for like's framework's current stream, resolved through its type's "
+      "DLPack C exchange API (python/msa/_framework.py resolve_stream).");
   m.def("cuda_available", &msa::cuda_available,
         "True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.");
 }

@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 
+from . import _C
+
 
 def torch_of(x):
     """The torch module when x is a torch tensor, else None (never imports torch)."""
@@ -47,20 +49,22 @@ def new_output(fn: str, name: str, like, like_name: str, shape, dtype: str):
 
 
 # The stream argument of msa._C's calls that stands for torch's current stream of the call's first tensor's
-# device: msa._C asks torch through its DLPack C exchange API (~0.1 us) where torch has one, else calls
-# torch.cuda.current_stream (~4 us on the H200 machine, bench/run_host.py).
+# device, which msa._C asks torch for through its DLPack C exchange API (torch >= 2.10; well under 1 us, against
+# ~4.7 us for torch.cuda.current_stream on the H200 machine, bench/run_host.py).
 CURRENT_STREAM = -1
 
 
 def resolve_stream(fn: str, stream, like) -> int:
     """The CUDA stream handle to launch on. None: torch's current stream of like's device when like
-    is a torch CUDA tensor (CURRENT_STREAM, resolved by msa._C), else 0 (the default stream; ignored for
+    is a torch CUDA tensor (CURRENT_STREAM where msa._C resolves it itself), else 0 (the default stream; ignored for
     CPU tensors). An int is a raw cudaStream_t; stream objects are read through .cuda_stream (torch) or
     .ptr (cupy)."""
     if stream is None:
         torch = torch_of(like)
         if torch is not None and like.is_cuda:
-            return CURRENT_STREAM
+            if _C._current_stream_through_api(like):
+                return CURRENT_STREAM
+            return torch.cuda.current_stream(like.device).cuda_stream
         return 0
     handle = stream
     if not isinstance(stream, int):
