@@ -28,6 +28,7 @@
 #include "cuda/sm90/config.h"
 #include "cuda/sm90/consumer_math.cuh"
 #include "cuda/sm90/params.h"
+#include "cuda/sm90/qmajor_trace.cuh"
 #include "cuda/sm90/sync.cuh"
 #include "cuda/sm90/tile_common.cuh"
 
@@ -223,7 +224,7 @@ __device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSme
 }
 
 template <bool kBf16, bool kSparse>
-__device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSmem& s, int wg) {
+__device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSmem& s, int wg MSA_QTRACE_PARAM) {
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   const int tid = threadIdx.x & 127;
   const int lane = tid & 31;
@@ -348,6 +349,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
   // Every consumer thread arrives on every empty barrier after its own last read of that buffer
   // and of the record beside it (s.tile, s.stage): see "Barrier protocol" in docs/prefill.md.
   TileInfo ti = fetch();
+  MSA_QTRACE(mark(2));
   bool started = false;  // block 0 of ti went out at the previous tile's end (its softmax is taken)
   StageInfo prev{};      // the record of the block whose PV is pending
   while (ti.tile >= 0) {
@@ -356,6 +358,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       release_q();
       reset();
       epilogue(ti, rw);
+      MSA_QTRACE(done(q_it));
       ++q_it;
       ti = fetch();
       continue;
@@ -365,11 +368,13 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       reset();
       const uint32_t st = it % kStages, ph = (it / kStages) & 1;
       barrier_wait(&s.k_full[st], ph);
+      if (q_it == 0) MSA_QTRACE(mark(3));
       prev = s.stage[st];
       issue_begin();
       wgmma_fence();
       issue_qk<kBf16>(sc, q_addr, k_base + st * kTileBytes);
       issue_end();
+      MSA_QTRACE(issued(q_it));
       wgmma_wait<0>();
       fence_regs(sc);
       if (ti.nblocks == 1) release_q();
@@ -410,10 +415,12 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       barrier_wait(&s.k_full[st], ph);
       const StageInfo cur = s.stage[st];
       issue_qk_pv(q_addr_of(), st, lvs);
+      MSA_QTRACE(issued(q_it));
       if (nx.nblocks == 1) release_q();
       float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f}, alpha2[2];
       softmax_under_pv(nrw, cur, st, lvs, m2, l2, alpha2);
       epilogue(ti, rw);
+      MSA_QTRACE(done(q_it - 1));
       reset();  // the next tile's O starts at 0, its softmax state is the one just taken
       m[0] = m2[0], m[1] = m2[1];
       l[0] = l2[0], l[1] = l2[1];
@@ -430,6 +437,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       fence_regs(pf);
       barrier_arrive(&s.v_empty[lvs]);
       epilogue(ti, rw);
+      MSA_QTRACE(done(q_it - 1));
       started = false;
     }
     ti = nx;
@@ -441,7 +449,10 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
 template <bool kBf16, bool kSparse>
 __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __grid_constant__ QMajorParams p) {
 #ifdef MSA_SM90A_DEVICE
+  MSA_QTRACE_DECL;
+  MSA_QTRACE(begin());
   grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  MSA_QTRACE(mark(1));
   allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
@@ -471,7 +482,8 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
     else if (threadIdx.x < 64) qmajor_scheduler<kSparse>(p, s);
   } else {
     regs_increase<kConsumerRegs>();
-    qmajor_consumer<kBf16, kSparse>(p, s, wg - 1);
+    qmajor_consumer<kBf16, kSparse>(p, s, wg - 1 MSA_QTRACE_ARG);
+    MSA_QTRACE(end());
   }
 #endif
 }

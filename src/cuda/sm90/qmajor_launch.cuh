@@ -14,6 +14,9 @@ void launch_qmajor(bool sparse, const QMajorParams& p, int grid, bool pdl, cudaS
     launch_kernel(pdl, qmajor_prefill_kernel<kBf16, true>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream, p);
   else
     launch_kernel(pdl, qmajor_prefill_kernel<kBf16, false>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream, p);
+#ifdef MSA_QMAJOR_TRACE
+  qmajor_trace_print_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned>(grid));
+#endif
 }
 
 template <bool kBf16>
