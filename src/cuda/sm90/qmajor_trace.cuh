@@ -72,7 +72,7 @@ __device__ __forceinline__ void QMajorTrace::end() {
 }
 
 // One thread, after a query-major launch: prints launch kTraceLaunch's rows once all of its CTAs finished.
-__global__ void qmajor_trace_print_kernel(unsigned grid) {
+static __global__ void qmajor_trace_print_kernel(unsigned grid) {
   const unsigned done = atomicAdd(&g_qmajor_trace_ctas, 0u);
   if (done < (QMajorTrace::kTraceLaunch + 1) * grid || atomicExch(&g_qmajor_trace_printed, 1u) != 0) return;
   for (unsigned c = 0; c < grid && c < QMajorTrace::kMaxCtas; ++c) {
