@@ -27,6 +27,11 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// A hint that brings the 128-byte line of `p` into the L2; nothing reaches registers or the L1, so it may be
+// issued before grid_dependency_wait() on lines an earlier kernel still writes (the L2 is the device's point
+// of coherence: a later write updates the line, a load after the wait sees it).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 // kernel<<<grid, block, smem, stream>>>(args...), launched with programmatic stream serialization when
 // `pdl` (the kernel must then call grid_dependency_wait() before it reads what an earlier kernel wrote, on
 // every path, so that its completion implies its predecessors'). Errors surface as MSA_CUDA_CHECK's.

@@ -29,10 +29,6 @@ __device__ __forceinline__ void cp_async_16_pred(uint32_t smem, const void* gmem
       "{\n .reg .pred p;\n setp.eq.u32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(smem),
       "l"(gmem), "r"(static_cast<uint32_t>(fill)));
 }
-// A hint that brings the 128-byte line of `p` into the L2; nothing reaches registers or the L1, so it may be
-// issued before grid_dependency_wait() on lines an earlier kernel still writes (the L2 is the device's point
-// of coherence: a later write updates the line, a load after the wait sees it).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -91,6 +91,12 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
   const int lane = threadIdx.x & 31;
   const int32_t group = 1 << p.group_shift;
   const int32_t tile_tokens = p.sched.tile_tokens;
+  // The claim's reads go out in as few dependent rounds as their dependences allow: (the claim, the live
+  // tile count, the listed count), (everything indexed by the tile: its KV-major flag, block count, first
+  // 32 list entries read before the count is known, and tile_cum), (the request's lengths), (its pages),
+  // with the tile's Q issued once its tokens are known, before the pages. One read after another they
+  // took ~4.5 us from the PDL wait to the first Q at M3-TP4 P-chunk `shared` (qmajor_trace.cuh,
+  // bench/results/traces/qmajor-trace-20261130-1772c72.txt), ~9 dependent trips for every CTA's first tile.
   const int32_t live = live_tiles(p.sched, p.seqs.batch_size);
   // Sparse with a KV-major path: when fewer than half the tiles are query-major, claims index the
   // compacted list of them (one trip more than a tile index, against a flag read per claimed KV-major
@@ -99,46 +105,40 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
   // with the tiles running beside them (M3-TP1 P-chunk `shared`, 472 -> 490 us, `clustered` 764 -> 777
   // when claimed from the list).
   const int32_t listed_count = kSparse && p.lists.qm_tiles != nullptr ? *p.lists.qm_count : live;
-  const bool listed = 2 * listed_count < live;
   for (uint32_t q_it = 0;; ++q_it) {
     if (q_it > 0) barrier_wait(&s.ahead_go, (q_it - 1) & 1);  // warp 0 read the previous hand-over
-    int32_t tile = 0;
-    if (listed) {
-      if (lane == 0) tile = atomicAdd(p.tile_counter, 1);
-      tile = __shfl_sync(~0u, tile, 0);
-      tile = tile < listed_count ? p.lists.qm_tiles[tile] : live;
-    } else {
-      do {  // sparse tiles flagged KV-major belong to the other kernel
-        if (lane == 0) tile = atomicAdd(p.tile_counter, 1);
-        tile = __shfl_sync(~0u, tile, 0);
-      } while (kSparse && tile < live && p.lists.kv_major[tile] != 0);
-    }
     TileInfo ti{};
     ti.tile = -1;
-    if (tile < live) {
+    AheadEntry e{0, -1, 0u};
+    for (;;) {  // until a query-major tile or the end: sparse tiles flagged KV-major belong to the other kernel
+      int32_t claim = 0;
+      if (lane == 0) claim = atomicAdd(p.tile_counter, 1);
+      claim = __shfl_sync(~0u, claim, 0);
+      const bool listed = 2 * listed_count < live;
+      const int32_t tile = !listed ? claim : claim < listed_count ? p.lists.qm_tiles[claim] : live;
+      if (tile >= live) break;
+      int32_t flagged = 0, count = 0;
+      int2 x{0, 0};
+      if constexpr (kSparse) {
+        if (!listed) flagged = p.lists.kv_major[tile];
+        count = p.lists.count[tile];
+        if (lane < p.lists.capacity) x = p.lists.entries[static_cast<int64_t>(tile) * p.lists.capacity + lane];
+      }
       const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
       const SeqView v = load_seq(p.seqs, c.request);
+      if (flagged != 0) continue;
       ti = TileInfo{tile, 0, c.request, c.chunk, c.kv_head, v.qo_start, v.qo_len, v.kv_len, v.offset};
       if constexpr (kSparse) {
-        ti.nblocks = min(max(p.lists.count[tile], 0), p.lists.capacity);
+        ti.nblocks = min(max(count, 0), p.lists.capacity);
+        if (lane < ti.nblocks) e = AheadEntry{x.x, -1, static_cast<uint32_t>(x.y)};
       } else {
         const int32_t last = min((c.chunk + 1) * tile_tokens, v.qo_len) - 1;
         ti.nblocks = num_kv_blocks(visible_key_end(v, last, p.causal));
+        if (lane < ti.nblocks) e = AheadEntry{lane, -1, ~0u};
       }
+      break;
     }
-    AheadEntry e{0, -1, 0u};
-    if (ti.tile >= 0 && lane < ti.nblocks) {
-      if constexpr (kSparse) {
-        const int2 x = p.lists.entries[static_cast<int64_t>(tile) * p.lists.capacity + lane];
-        e.block = x.x;
-        e.tokens = static_cast<uint32_t>(x.y);
-      } else {
-        e.block = lane;
-        e.tokens = ~0u;
-      }
-      e.page = physical_page(p.pages, ti.request, e.block / p.page_blocks);
-    }
-    if (lane == 0) {  // the record and the Q of buffer q_it % kQStages (the loads above are in flight)
+    if (lane == 0) {  // the record and the Q of buffer q_it % kQStages, before the page reads below
       const uint32_t qb = q_it % kQStages, qph = (q_it / kQStages) & 1;
       barrier_wait(&s.q_empty[qb], qph ^ 1);
       s.tile[qb] = ti;
@@ -151,10 +151,29 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
         barrier_arrive(&s.q_full[qb]);
       }
     }
+    if (ti.tile >= 0 && lane < ti.nblocks) e.page = physical_page(p.pages, ti.request, e.block / p.page_blocks);
     s.ahead[lane] = e;
     barrier_arrive(&s.ahead_full);  // each lane after its own writes (32 arrivals)
     if (ti.tile < 0) break;
   }
+}
+
+// Before the PDL wait (the scheduler warp): the L2 prefetch of the input lines that the first claims read after
+// it, the requests' lengths and the first page-table lines (dense: request 0's row; flat: the table's start), up
+// to 32 lines. Inputs only: the caller's work that wrote them finished before this run's first kernel (launched
+// without PDL) began, so they may be read before the wait.
+__device__ __forceinline__ void qmajor_prewait_prefetch(const QMajorParams& p, int lane) {
+  const SeqParams& q = p.seqs;
+  if (lane * 32 <= q.batch_size && lane < 4) {
+    prefetch_l2(q.qo_indptr + lane * 32);
+    if (lane * 32 < q.batch_size) {
+      prefetch_l2(q.kv_lens + lane * 32);
+      if (q.qo_offset) prefetch_l2(q.qo_offset + lane * 32);
+    }
+    if (p.pages.indptr) prefetch_l2(p.pages.indptr + lane * 32);
+  }
+  const int64_t entries = p.pages.indptr ? p.pages.row_capacity : min(p.pages.row_capacity, p.pages.row_stride);
+  if (static_cast<int64_t>(lane) * 32 < entries) prefetch_l2(p.pages.table + lane * 32);
 }
 
 // K/V loads (warp 0 of the producer warpgroup). Lane 0 issues everything; the warp resolves 32 blocks'
@@ -451,6 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
 #ifdef MSA_SM90A_DEVICE
   MSA_QTRACE_DECL;
   MSA_QTRACE(begin());
+  if (threadIdx.x / 32 == 1) qmajor_prewait_prefetch(p, threadIdx.x & 31);
   grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
   MSA_QTRACE(mark(1));
   allow_dependent_launch();
