@@ -87,17 +87,16 @@ static_assert(kQMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared m
 // current tile's block nblocks - kTileLookaheadBlocks (not earlier: a tile claimed early waits on a
 // busy CTA while another goes idle at the end of the grid).
 template <bool kSparse>
-__device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSmem& s, const SeqView& v0) {
+__device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSmem& s) {
   const int lane = threadIdx.x & 31;
   const int32_t group = 1 << p.group_shift;
   const int32_t tile_tokens = p.sched.tile_tokens;
-  // A claim's reads go out in as few dependent rounds as their dependences allow. A CTA's first claim is its
-  // own index (no round), and the tile's reads are issued with the live and listed counts, for the tile a
-  // tile-order claim names (redone for a listed claim): its KV-major flag, block count, first 32 list entries
-  // (read before the count is known) and tile_cum; request 0's lengths come read before the PDL wait (v0);
-  // then the pages, with the tile's Q issued before them. One read after another they took ~4.5 us from the
-  // PDL wait to the first Q at M3-TP4 P-chunk `shared` (~9 dependent reads at ~0.5-0.9 us each at the
-  // kernel's start; qmajor_trace.cuh, bench/results/traces/qmajor-trace-20261130-1772c72.txt).
+  // The claim's reads go out in as few dependent rounds as their dependences allow: (the claim, the live
+  // tile count, the listed count), (everything indexed by the tile: its KV-major flag, block count, first
+  // 32 list entries read before the count is known, and tile_cum), (the request's lengths), (its pages),
+  // with the tile's Q issued once its tokens are known, before the pages. One read after another they
+  // took ~4.5 us from the PDL wait to the first Q at M3-TP4 P-chunk `shared` (qmajor_trace.cuh,
+  // bench/results/traces/qmajor-trace-20261130-1772c72.txt), ~9 dependent trips for every CTA's first tile.
   const int32_t live = live_tiles(p.sched, p.seqs.batch_size);
   // Sparse with a KV-major path: when fewer than half the tiles are query-major, claims index the
   // compacted list of them (one trip more than a tile index, against a flag read per claimed KV-major
@@ -106,50 +105,32 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
   // with the tiles running beside them (M3-TP1 P-chunk `shared`, 472 -> 490 us, `clustered` 764 -> 777
   // when claimed from the list).
   const int32_t listed_count = kSparse && p.lists.qm_tiles != nullptr ? *p.lists.qm_count : live;
-  struct TileReads {
-    int32_t flagged = 0, count = 0;
-    int2 entry{0, 0};
-    TileCoord coord;
-  };
-  auto read_tile = [&](int32_t tile) {  // tile < num_tiles: every read in bounds
-    TileReads r;
-    if constexpr (kSparse) {
-      r.flagged = p.lists.kv_major[tile];
-      r.count = p.lists.count[tile];
-      if (lane < p.lists.capacity) r.entry = p.lists.entries[static_cast<int64_t>(tile) * p.lists.capacity + lane];
-    }
-    r.coord = decode_tile(p.sched, p.seqs.batch_size, tile);
-    return r;
-  };
   for (uint32_t q_it = 0;; ++q_it) {
     if (q_it > 0) barrier_wait(&s.ahead_go, (q_it - 1) & 1);  // warp 0 read the previous hand-over
     TileInfo ti{};
     ti.tile = -1;
     AheadEntry e{0, -1, 0u};
-    // Until a query-major tile or the end: sparse tiles flagged KV-major belong to the other kernel. The counter
-    // hands out the claims after the grid's first ones.
-    for (bool first = q_it == 0;; first = false) {
-      int32_t claim = static_cast<int32_t>(blockIdx.x);
-      if (!first) {
-        if (lane == 0) claim = static_cast<int32_t>(gridDim.x) + atomicAdd(p.tile_counter, 1);
-        claim = __shfl_sync(~0u, claim, 0);
-      }
-      int32_t tile = claim;
-      TileReads r;
-      if (tile < p.sched.num_tiles) r = read_tile(tile);
-      if (2 * listed_count < live) {  // listed
-        tile = claim < listed_count ? p.lists.qm_tiles[claim] : live;
-        if (tile < live) r = read_tile(tile);
-        r.flagged = 0;
-      }
+    for (;;) {  // until a query-major tile or the end: sparse tiles flagged KV-major belong to the other kernel
+      int32_t claim = 0;
+      if (lane == 0) claim = atomicAdd(p.tile_counter, 1);
+      claim = __shfl_sync(~0u, claim, 0);
+      const bool listed = 2 * listed_count < live;
+      const int32_t tile = !listed ? claim : claim < listed_count ? p.lists.qm_tiles[claim] : live;
       if (tile >= live) break;
-      const TileCoord c = r.coord;
-      const SeqView v = c.request == 0 ? v0 : load_seq(p.seqs, c.request);
-      if (kSparse && r.flagged != 0) continue;
+      int32_t flagged = 0, count = 0;
+      int2 x{0, 0};
+      if constexpr (kSparse) {
+        if (!listed) flagged = p.lists.kv_major[tile];
+        count = p.lists.count[tile];
+        if (lane < p.lists.capacity) x = p.lists.entries[static_cast<int64_t>(tile) * p.lists.capacity + lane];
+      }
+      const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
+      const SeqView v = load_seq(p.seqs, c.request);
+      if (flagged != 0) continue;
       ti = TileInfo{tile, 0, c.request, c.chunk, c.kv_head, v.qo_start, v.qo_len, v.kv_len, v.offset};
       if constexpr (kSparse) {
-        ti.nblocks = min(max(r.count, 0), p.lists.capacity);
-        if (lane < ti.nblocks) e = AheadEntry{r.entry.x, -1, static_cast<uint32_t>(r.entry.y)};
+        ti.nblocks = min(max(count, 0), p.lists.capacity);
+        if (lane < ti.nblocks) e = AheadEntry{x.x, -1, static_cast<uint32_t>(x.y)};
       } else {
         const int32_t last = min((c.chunk + 1) * tile_tokens, v.qo_len) - 1;
         ti.nblocks = num_kv_blocks(visible_key_end(v, last, p.causal));
@@ -179,9 +160,9 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
 
 // Before the PDL wait (the scheduler warp): the L2 prefetch of the input lines that the first claims read after
 // it, the requests' lengths and the first page-table lines (dense: request 0's row; flat: the table's start), up
-// to 32 lines, and request 0's lengths themselves (returned). Inputs only: the caller's work that wrote them
-// finished before this run's first kernel (launched without PDL) began, so they may be read before the wait.
-__device__ __forceinline__ SeqView qmajor_prewait_reads(const QMajorParams& p, int lane) {
+// to 32 lines. Inputs only: the caller's work that wrote them finished before this run's first kernel (launched
+// without PDL) began, so they may be read before the wait.
+__device__ __forceinline__ void qmajor_prewait_prefetch(const QMajorParams& p, int lane) {
   const SeqParams& q = p.seqs;
   if (lane * 32 <= q.batch_size && lane < 4) {
     prefetch_l2(q.qo_indptr + lane * 32);
@@ -193,7 +174,6 @@ __device__ __forceinline__ SeqView qmajor_prewait_reads(const QMajorParams& p, i
   }
   const int64_t entries = p.pages.indptr ? p.pages.row_capacity : min(p.pages.row_capacity, p.pages.row_stride);
   if (static_cast<int64_t>(lane) * 32 < entries) prefetch_l2(p.pages.table + lane * 32);
-  return q.batch_size > 0 ? load_seq(q, 0) : SeqView{};
 }
 
 // K/V loads (warp 0 of the producer warpgroup). Lane 0 issues everything; the warp resolves 32 blocks'
@@ -490,8 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
 #ifdef MSA_SM90A_DEVICE
   MSA_QTRACE_DECL;
   MSA_QTRACE(begin());
-  SeqView v0{};  // the scheduler warp's: request 0's lengths
-  if (threadIdx.x / 32 == 1) v0 = qmajor_prewait_reads(p, threadIdx.x & 31);
+  if (threadIdx.x / 32 == 1) qmajor_prewait_prefetch(p, threadIdx.x & 31);
   grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
   MSA_QTRACE(mark(1));
   allow_dependent_launch();
@@ -520,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
   if (wg == 0) {
     regs_decrease<kProducerRegs>();
     if (threadIdx.x < 32) qmajor_producer<kSparse>(p, s);
-    else if (threadIdx.x < 64) qmajor_scheduler<kSparse>(p, s, v0);
+    else if (threadIdx.x < 64) qmajor_scheduler<kSparse>(p, s);
   } else {
     regs_increase<kConsumerRegs>();
     qmajor_consumer<kBf16, kSparse>(p, s, wg - 1 MSA_QTRACE_ARG);
