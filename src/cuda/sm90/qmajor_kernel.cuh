@@ -96,7 +96,11 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
   // 32 list entries read before the count is known, and tile_cum), (the request's lengths), (its pages),
   // with the tile's Q issued once its tokens are known, before the pages. One read after another they
   // took ~4.5 us from the PDL wait to the first Q at M3-TP4 P-chunk `shared` (qmajor_trace.cuh,
-  // bench/results/traces/qmajor-trace-20261130-1772c72.txt), ~9 dependent trips for every CTA's first tile.
+  // bench/results/traces/qmajor-trace-20261130-1772c72.txt), ~9 dependent trips for every CTA's first tile;
+  // in rounds the row ran 131.3-131.5 -> 130.27 us (prefill-20261130-09f6018-claim-rounds-ab.md). Two rounds
+  // fewer (a CTA's first claim its own index, request 0's lengths read before the PDL wait) measured slower:
+  // prefill-20261130-5e577ca-static-first-claim-ab.md (the first Q and K loads, ~3 us each on a cold L2, are
+  // what the first tile waits for).
   const int32_t live = live_tiles(p.sched, p.seqs.batch_size);
   // Sparse with a KV-major path: when fewer than half the tiles are query-major, claims index the
   // compacted list of them (one trip more than a tile index, against a flag read per claimed KV-major
