@@ -96,7 +96,7 @@ struct KvLists {
 
 struct KvMajorParams {
   CUtensorMap q_map;  // box {64, G, 1}: one token's group of heads
-  CUtensorMap k_map;
+  CUtensorMap k_map;  // QMajorParams::k_map / v_map, copied (the same maps)
   CUtensorMap v_map;
   CUtensorMap part_map;  // part_o as [rows, D]: box {64, min(G, 16)} (one warp's rows of one token)
   int32_t tma_store = 0;  // partials through shared memory and TMA stores (kKvTmaStore); 0: direct stores
