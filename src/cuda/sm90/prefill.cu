@@ -147,6 +147,13 @@ void plan_kv_major(PrefillState& s, int64_t total_blocks) {
   s.item_count = DeviceBuffer(static_cast<size_t>(windows) * sizeof(int32_t));
   s.part_o = DeviceBuffer(static_cast<size_t>(window * part_bytes_per_tile));
   s.part_lse = DeviceBuffer(static_cast<size_t>(window) * s.list_capacity * group * sizeof(float));
+  if (s.kv_tma_store) {  // part_o of one window as [rows, D]; a box = one warp's rows of one token
+    const uint64_t dims[2] = {kHeadDim, static_cast<uint64_t>(window) * s.list_capacity * group};
+    const uint64_t strides[1] = {kHeadDim * 2};
+    const uint32_t box[2] = {kHalfDim, static_cast<uint32_t>(std::min(group, 16))};
+    encode_tensor_map(&s.part_map_bf16, ScalarType::kBF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
+    encode_tensor_map(&s.part_map_f16, ScalarType::kF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
+  }
 }
 
 // Maps of q [total_q, Hq, D] (box: 64 dims x G heads x `tokens` tokens) and of a cache
@@ -230,13 +237,7 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorP
   encode_q_map(&kp.q_map, p, group, 1);
   kp.k_map = qp.k_map;
   kp.v_map = qp.v_map;
-  if (s.kv_tma_store) {  // part_o of one window as [rows, D]; a box = one warp's rows of one token
-    const uint64_t rows = static_cast<uint64_t>(s.window_tiles) * s.list_capacity * group;
-    const uint64_t dims[2] = {kHeadDim, rows};
-    const uint64_t strides[1] = {kHeadDim * 2};
-    const uint32_t box[2] = {kHalfDim, static_cast<uint32_t>(std::min(group, 16))};
-    encode_tensor_map(&kp.part_map, p.dtype, 2, s.part_o.get(), dims, strides, box, "partial-output");
-  }
+  if (s.kv_tma_store) kp.part_map = bf16 ? s.part_map_bf16 : s.part_map_f16;
   kp.tma_store = s.kv_tma_store ? 1 : 0;
   kp.seqs = p.seqs;
   kp.pages = p.pages;

@@ -2,6 +2,8 @@
 // (tile shape, tile count, KV-major windows) and every workspace the run-time passes write.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "cuda/common/device_buffer.cuh"
@@ -51,6 +53,9 @@ struct PrefillState {
   int32_t window_tiles = 0, num_windows = 0, subwindow_tiles = 0, block_keys = 0, key_span = 0, item_capacity = 0;
   int32_t key_stripes = 4;  // rank counters used per key (config.h kKeyStripesWideKeys; MSA_SM90_KEY_STRIPES)
   DeviceBuffer key_count, key_offset, entry_key, entry_rank, pairs, items, item_count, part_o, part_lse;
+  // The TMA map of part_o for bf16 and fp16 q (with kv_tma_store), encoded at plan time: part_o is the plan's, so
+  // a run need not encode it (~1-2 us of host time a map on the H200 machine, bench/run_host.py).
+  CUtensorMap part_map_bf16{}, part_map_f16{};
   // The KV-major launches on a side stream beside the query-major kernel (both read the tile lists and
   // write disjoint rows of o / lse); empty when the plan has no KV-major path or MSA_SM90_KV_CONCURRENT=0.
   StreamFork fork;
