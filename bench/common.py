@@ -10,8 +10,10 @@ import contextlib
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -99,6 +101,26 @@ def time_graph(fn, iters: int = 50, warmup: int = 5, rotate=None, back_to_back: 
         times.append(a.elapsed_time(b) * 1000.0 / len(calls))
     times.sort()
     return times[len(times) // 2]
+
+
+def host_us(call, reps: int, sleep_every: int = 1) -> tuple[float, float]:
+    """Median and max host microseconds of call() while the GPU is busy: a sleep kernel is enqueued before every
+    sleep_every-th call (after a synchronization, so that the launch queue stays short), so a call that waited on
+    the device would take ~the sleep. The first call is a warm-up; each result is dropped after its time is
+    taken (a plan's destruction is not timed)."""
+    call()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        if i % sleep_every == 0:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(100_000_000)
+        t0 = time.perf_counter()
+        result = call()
+        times.append((time.perf_counter() - t0) * 1e6)
+        del result
+    torch.cuda.synchronize()
+    return statistics.median(times), max(times)
 
 
 def time_eager(fn, iters: int = 20, warmup: int = 3) -> float:

@@ -1,33 +1,16 @@
 """Host cost of building plans (benchmarks.md: plan() for decode B=128 <= 20 us of host time, no device sync).
 
-Each plan is built while the GPU is busy with a ~100 ms sleep kernel: a plan that synchronized would wait for
-it, so "no sync" shows as a host time far below the sleep. Times are medians over repeated builds after a
+Each plan is built while the GPU is busy with a sleep kernel of ~50 ms (common.host_us): a plan that
+synchronized would wait for it, so "no sync" shows as a host time far below the sleep. Times are medians over repeated builds after a
 warm-up (the first build of a shape allocates; later ones reuse msa's workspace cache), measured through the
 Python binding, so they include ~1-2 us of nanobind call overhead.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
-import torch
 
 import common
 import msa
-
-
-def host_us(build, reps: int) -> tuple[float, float]:
-    build()  # warm-up: first allocation of this workspace size
-    times = []
-    for _ in range(reps):
-        torch.cuda._sleep(200_000_000)  # keep the GPU busy: a synchronizing plan would wait for this
-        t0 = time.perf_counter()
-        p = build()
-        times.append((time.perf_counter() - t0) * 1e6)
-        del p
-    torch.cuda.synchronize()
-    return statistics.median(times), max(times)
 
 
 def main():
@@ -40,12 +23,12 @@ def main():
     rows = []
     m3 = dict(num_qo_heads=64, num_kv_heads=4, head_dim=128, page_size=128, topk=16, device="cuda")
     for B in (1, 32, 128):
-        med, worst = host_us(lambda: msa.plan_decode(B, 1, 131072, **m3), args.reps)
+        med, worst = common.host_us(lambda: msa.plan_decode(B, 1, 131072, **m3), args.reps)
         rows.append(common.row(f"plan-decode-B{B}", "M3-TP1", "sparse", "msa", med, worst_us=round(worst, 2),
                                bar="us<=20" if B == 128 else None))
         print(f"plan_decode B={B:<4} median {med:8.2f} us  max {worst:8.2f} us", flush=True)
     for name, (qo, kv) in {"P-32K": ([32768], [32768]), "P-chunk": ([4096], [32768])}.items():
-        med, worst = host_us(lambda: msa.plan_prefill(qo, kv, **m3), max(args.reps // 5, 5))
+        med, worst = common.host_us(lambda: msa.plan_prefill(qo, kv, **m3), max(args.reps // 5, 5))
         rows.append(common.row(f"plan-prefill-{name}", "M3-TP1", "sparse", "msa", med, worst_us=round(worst, 2)))
         print(f"plan_prefill {name:<8} median {med:8.2f} us  max {worst:8.2f} us", flush=True)
     common.write_results("plan", ceil, rows, args.out_dir)

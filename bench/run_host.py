@@ -11,8 +11,6 @@ stream query (torch.cuda.current_stream), an empty launch through torch, and the
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
@@ -21,22 +19,6 @@ import msa
 
 SHAPES = {"M3-TP1": (64, 4), "M3-TP4": (16, 1)}
 D, BLOCK, TOPK = 128, 128, 16
-
-
-def host_us(call, reps: int) -> tuple[float, float]:
-    """Median and max host microseconds of call(), each enqueued behind a busy GPU."""
-    call()
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        if i % 25 == 0:  # keep the launch queue short and the GPU busy
-            torch.cuda.synchronize()
-            torch.cuda._sleep(100_000_000)
-        t0 = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times), max(times)
 
 
 def prefill_case(hq: int, hkv: int, qo: int, kv: int, topk: int):
@@ -68,6 +50,9 @@ def main():
     api = [a for a in ("__dlpack_c_exchange_api__", "__c_dlpack_exchange_api__") if hasattr(torch.Tensor, a)]
     print(f"# torch {torch.__version__}: DLPack C exchange API {api[0] if api else 'absent'}", flush=True)
 
+    def host(call):  # a sleep kernel before every 25th call keeps the GPU busy without a long launch queue
+        return common.host_us(call, args.reps, sleep_every=25)
+
     def emit(name, shape, pattern, med, worst, impl="msa"):
         rows.append(common.row(name, shape, pattern, impl, med, worst_us=round(worst, 2)))
         print(f"{name:28s} {shape:7s} {pattern:8s} {impl:18s} median {med:8.2f} us  max {worst:8.2f} us", flush=True)
@@ -78,7 +63,7 @@ def main():
         for on, impl in ((True, "msa"), (False, "msa-dlpack-import")):
             was = msa._C._set_fast_import(on)
             try:
-                emit(name, shape, pattern, *host_us(call, args.reps), impl=impl)
+                emit(name, shape, pattern, *host(call), impl=impl)
             finally:
                 msa._C._set_fast_import(was)
 
@@ -97,10 +82,9 @@ def main():
             both_imports("run-prefill-P-chunk", shape, mode, call)
             if shape == "M3-TP4" and mode == "auto":
                 tensors = [q, k, v, pt, qi, kl, sel, out]
-                emit("part-dlpack-export-x8", shape, "-", *host_us(lambda: [t.__dlpack__() for t in tensors], args.reps))
-                emit("part-current-stream", shape, "-", *host_us(lambda: torch.cuda.current_stream().cuda_stream,
-                                                                   args.reps))
-                emit("part-launch-sleep0", shape, "-", *host_us(lambda: torch.cuda._sleep(0), args.reps))
+                emit("part-dlpack-export-x8", shape, "-", *host(lambda: [t.__dlpack__() for t in tensors]))
+                emit("part-current-stream", shape, "-", *host(lambda: torch.cuda.current_stream().cuda_stream))
+                emit("part-launch-sleep0", shape, "-", *host(lambda: torch.cuda._sleep(0)))
                 stream = torch.cuda.current_stream().cuda_stream
                 both_imports("part-binding-direct", shape, mode, lambda: msa._C.attention(
                     plan, q, k, v, pt, None, qi, kl, None, sel, out, None, 0.0, False, stream))

@@ -29,7 +29,8 @@ import pytest
 
 import msa
 import msa_testing as mt
-from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick, shrinking
+from fuzz_testing import (decode_lengths, describe as fuzz_describe, gpu_seeds, pick,
+                          prefill_lengths, shrinking)
 
 SEEDS = gpu_seeds(120)
 CPU_SEEDS = range(30)
@@ -47,61 +48,6 @@ C_PAIR_SEL = 20e-6      # s per (token, KV head) in make_problem's selection loo
 C_GEN = 50e-9           # s per random element drawn and rounded (K, V pool and q)
 C_GATHER = 1.5e-9       # s per visible key x (D + Dv) gathered and converted
 C_MAC = 0.1e-9          # s per visible key x G x (D + Dv) multiply-add
-
-
-def _decode_lengths(r, B, qmax, ragged, zero_q, causal, explicit_offset, scale):
-    qo, kv, off = [], [], []
-    for _ in range(B):
-        ql = int(r.integers(1, qmax + 1)) if ragged else qmax
-        if zero_q and r.random() < 0.25:
-            ql = 0
-        kind = pick(r, ["short", "mid", "long", "edge"], [0.3, 0.35, 0.2, 0.15])
-        if kind == "short":
-            kl = int(r.integers(1, 300))
-        elif kind == "mid":
-            kl = int(r.integers(300, 2000))
-        elif kind == "long":
-            kl = int(r.integers(2000, 5001))
-        else:  # around a multiple of 128: the last block full, one key past it, one short of it
-            kl = 128 * int(r.integers(1, 24)) + int(r.integers(-1, 2))
-        kl = max(int(kl * scale), ql, 1)
-        if ql == 0 and r.random() < 0.4:
-            kl = 0  # an empty request
-        o = kl - ql
-        if explicit_offset:
-            if causal:
-                o = int(r.integers(0, kl - ql + 1))      # keys after the chunk when o < kl - ql
-            else:
-                o = int(r.integers(0, kl + 1))
-                if r.random() < 0.15:
-                    kl = int(r.integers(0, ql + 1))      # non-causal: fewer keys than queries, maybe none
-        qo.append(ql)
-        kv.append(kl)
-        off.append(o)
-    return qo, kv, off
-
-
-def _prefill_lengths(r, B, zero_q, causal, explicit_offset, scale):
-    qo, kv, off = [], [], []
-    for _ in range(B):
-        kind = pick(r, ["one", "small", "mid", "zero"], [0.1, 0.3, 0.5, 0.1 if zero_q else 0.0])
-        if kind in ("one", "zero"):
-            ql = 1 if kind == "one" else 0
-        else:
-            ql = max(int((int(r.integers(2, 41)) if kind == "small" else int(r.integers(41, 301))) * scale), 1)
-        pkind = pick(r, ["none", "any", "edge"], [0.35, 0.5, 0.15])
-        prefix = 0 if pkind == "none" else (int(r.integers(1, 1500)) if pkind == "any"
-                                            else 128 * int(r.integers(1, 12)) + int(r.integers(-1, 2)))
-        prefix = int(prefix * scale)
-        tail = int(r.integers(1, 400) * scale) if explicit_offset and r.random() < 0.6 else 0
-        kl = prefix + ql + tail                         # tail: keys after the chunk (explicit offsets only)
-        o = prefix
-        if explicit_offset and not causal and r.random() < 0.15:
-            o, kl = int(r.integers(0, 200)), int(r.integers(0, ql + 1))  # fewer keys than queries, maybe none
-        qo.append(ql)
-        kv.append(kl)
-        off.append(o)
-    return qo, kv, off
 
 
 def visible_bound(qo_lens, kv_lens, qo_offset, causal, topk):
@@ -183,9 +129,11 @@ def draw_case(seed: int, backend: str = "gpu") -> dict:
     budget = COST_BUDGET if backend == "gpu" else CPU_COST_BUDGET
     for attempt, scale, B in shrinking(f"draw_case({seed})", B0):  # until the reference fits the budget
         if decode:
-            qo, kv, off = _decode_lengths(r, B, qmax, ragged, zero_q, causal, explicit_offset, scale)
+            qo, kv, off = decode_lengths(r, B, qmax, ragged, zero_q, causal, explicit_offset, scale, long_max=5001,
+                                         edge_blocks=24)
         else:
-            qo, kv, off = _prefill_lengths(r, B, zero_q, causal, explicit_offset, scale)
+            qo, kv, off = prefill_lengths(r, B, zero_q, causal, explicit_offset, scale, prefix_max=1500,
+                                          edge_blocks=12)
         if attempt == 10:
             problem["spare_pages"] = 0
         if sum(kv) == 0:

@@ -48,7 +48,8 @@ import pytest
 
 import msa
 import msa_testing as mt
-from fuzz_testing import describe as fuzz_describe, gpu_seeds, pick, shrinking
+from fuzz_testing import (decode_lengths, describe as fuzz_describe, gpu_seeds, offset_of, pick,
+                          prefill_lengths, shrinking)
 
 SEEDS = gpu_seeds(100)
 CPU_SEEDS = range(20)
@@ -229,53 +230,6 @@ def _untouched(fw, case, storage, view, poison, what):
 
 # ======== block_scores ==================================================================================
 
-def _bs_lengths(r, B, decode, qmax, ragged, zero_q, causal, explicit_offset, scale):
-    qo, kv, off = [], [], []
-    for _ in range(B):
-        if decode:
-            ql = int(r.integers(1, qmax + 1)) if ragged else qmax
-            if zero_q and r.random() < 0.25:
-                ql = 0
-            kind = pick(r, ["short", "mid", "long", "edge"], [0.3, 0.35, 0.2, 0.15])
-            if kind == "short":
-                kl = int(r.integers(1, 300))
-            elif kind == "mid":
-                kl = int(r.integers(300, 2000))
-            elif kind == "long":
-                kl = int(r.integers(2000, 6001))
-            else:  # around a multiple of 128
-                kl = 128 * int(r.integers(1, 40)) + int(r.integers(-1, 2))
-            kl = max(int(kl * scale), ql, 1)
-            if ql == 0 and r.random() < 0.4:
-                kl = 0  # an empty request
-            o = kl - ql
-            if explicit_offset:
-                if causal:
-                    o = int(r.integers(0, kl - ql + 1))  # keys after the chunk when o < kl - ql
-                else:
-                    o = int(r.integers(0, kl + 1))
-                    if r.random() < 0.15:
-                        kl = int(r.integers(0, ql + 1))  # fewer keys than queries, maybe none
-        else:
-            kind = pick(r, ["one", "small", "mid", "zero"], [0.1, 0.3, 0.5, 0.1 if zero_q else 0.0])
-            if kind in ("one", "zero"):
-                ql = 1 if kind == "one" else 0
-            else:
-                ql = max(int((int(r.integers(2, 41)) if kind == "small" else int(r.integers(41, 301))) * scale), 1)
-            pkind = pick(r, ["none", "any", "edge"], [0.35, 0.5, 0.15])
-            prefix = 0 if pkind == "none" else (int(r.integers(1, 2000)) if pkind == "any"
-                                                else 128 * int(r.integers(1, 16)) + int(r.integers(-1, 2)))
-            prefix = int(prefix * scale)
-            tail = int(r.integers(1, 400) * scale) if explicit_offset and r.random() < 0.6 else 0
-            kl, o = prefix + ql + tail, prefix
-            if explicit_offset and not causal and r.random() < 0.15:
-                o, kl = int(r.integers(0, 200)), int(r.integers(0, ql + 1))
-        qo.append(ql)
-        kv.append(kl)
-        off.append(o)
-    return qo, kv, off
-
-
 def block_scores_cost(case) -> float:
     """Estimated CPU seconds of build_block_scores + ref_block_scores (and the C++ reference on the CPU)."""
     H, Hk, D, P = case["num_heads"], case["num_k_heads"], case["head_dim"], case["page_size"]
@@ -331,7 +285,9 @@ def draw_block_scores(seed: int, backend: str = "gpu") -> dict:
     ragged = qmax > 1 and r.random() < 0.5
     budget = BUDGET["block_scores"][backend == "cpu"]
     for attempt, scale, B in shrinking(f"draw_block_scores({seed})", B):
-        qo, kv, off = _bs_lengths(r, B, decode, qmax, ragged, zero_q, causal, explicit_offset, scale)
+        qo, kv, off = (decode_lengths(r, B, qmax, ragged, zero_q, causal, explicit_offset, scale, long_max=6001,
+                                      edge_blocks=40) if decode else
+                       prefill_lengths(r, B, zero_q, causal, explicit_offset, scale, prefix_max=2000, edge_blocks=16))
         if attempt == 10:
             case["spare_pages"] = 0
         if sum(kv) == 0:
@@ -495,14 +451,7 @@ def _tk_lengths(r, B, decode, qmax, ragged, zero_q, causal, explicit_offset, sca
             if r.random() < 0.4:
                 kl = 0  # an empty request
         kl = max(kl, ql)
-        o = kl - ql
-        if explicit_offset:
-            if causal:
-                o = int(r.integers(0, kl - ql + 1))
-            else:
-                o = int(r.integers(0, kl + 1))
-                if r.random() < 0.15:
-                    kl = int(r.integers(0, ql + 1))  # fewer keys than queries, maybe none
+        o, kl = offset_of(r, ql, kl, causal, explicit_offset)
         qo.append(ql)
         kv.append(kl)
         off.append(o)
