@@ -5,10 +5,10 @@ every list finishes (no deadlock) and that whenever a role reads a buffer or a r
 role expects. They check the order of waits and arrivals as transcribed here, not the compiled kernels:
 keep the two in step.
 
-- query-major (src/cuda/sm90/qmajor_kernel.cuh): two Q buffers, 3 K stages, 2 V stages, the cross-tile
+- query-major (src/cuda/prefill_sm90/qmajor_kernel.cuh): two Q buffers, 3 K stages, 2 V stages, the cross-tile
   step; the scheduler warp (claims, records, Q), warp 0 (K/V), one consumer (both consumer warpgroups
   act alike on the mbarriers; the ping-pong's named barriers pair their sections one to one).
-- KV-major (src/cuda/sm90/kvmajor_kernel.cuh): 2 K/V stages, 2 Q stages; the scheduler warp (claims,
+- KV-major (src/cuda/prefill_sm90/kvmajor_kernel.cuh): 2 K/V stages, 2 Q stages; the scheduler warp (claims,
   item records, K/V), warp 0 (Q tiles), one consumer (QK^T of job j with PV of job j - 1).
 
     python3 scripts/prefill_protocol_model.py

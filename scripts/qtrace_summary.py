@@ -1,4 +1,4 @@
-"""Summary of a query-major kernel trace (src/cuda/sm90/qmajor_trace.cuh): the `qtrace` lines of one launch,
+"""Summary of a query-major kernel trace (src/cuda/prefill_sm90/qmajor_trace.cuh): the `qtrace` lines of one launch,
 read from a bench log, as quantiles over the CTAs of when each phase happened (us after the first CTA's start).
 
     python3 scripts/qtrace_summary.py LOG [LOG ...]

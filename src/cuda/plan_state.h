@@ -9,10 +9,10 @@
 namespace msa::detail::cuda {
 
 namespace paged {
-struct State;  // src/cuda/paged/: decode and portable prefill (cp.async + mma.sync, sm_80+)
+struct State;  // src/cuda/decode/: decode (sm_80+ general kernel, sm_90 token kernel) and the portable prefill
 }
 namespace sm90 {
-struct PrefillState;  // src/cuda/sm90/: Hopper prefill (TMA + wgmma, sm_90a)
+struct PrefillState;  // src/cuda/prefill_sm90/: Hopper prefill (TMA + wgmma, sm_90a)
 }
 
 struct CudaPlanState : PlanState {

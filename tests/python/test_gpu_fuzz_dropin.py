@@ -221,7 +221,7 @@ def decode_cost(case) -> float:
 def meta_plan_agrees(case) -> bool:
     """Whether build_msa_decode_meta's plan (max_kv_len = ceil(max_context / 128) * 128) bounds a block list
     as the persistent plan does: min(topk, max_kv_len / 128), on which a GPU decode plan's split count
-    depends (src/cuda/paged/plan.cu). Where they differ the two may round differently on the GPU."""
+    depends (src/cuda/decode/plan.cu). Where they differ the two may round differently on the GPU."""
     persistent = case["plan_max_kv_len"] or DECODE_MAX_KV_LEN
     return min(case["topk"], _pages(persistent)) == min(case["topk"], max(_pages(case["max_context"]), 1))
 

@@ -1,4 +1,4 @@
-"""The Hopper prefill kernels (src/cuda/sm90: query-major and KV-major, TMA + wgmma) against the float64
+"""The Hopper prefill kernels (src/cuda/prefill_sm90: query-major and KV-major, TMA + wgmma) against the float64
 reference of msa_testing, over the contract's cases: a cached prefix + a chunk (default and explicit
 qo_offset), ragged batches, lengths not multiple of 128, unsorted rows with -1 anywhere, empty rows
 (o = 0, lse = -inf), the three selection patterns under each decomposition (MSA_SM90_PREFILL = auto,
@@ -225,7 +225,7 @@ def eager_and_replays(plan, prob, t, replays=3):
 @pytest.mark.parametrize("pattern", ["random", "clustered"])
 def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
     """With a KV-major path the KV-major launches run on the plan's side stream beside the query-major
-    kernel (a fork and a join of the caller's stream; src/cuda/common/stream_fork.h). `random`: request
+    kernel (a fork and a join of the caller's stream; src/cuda/runtime/stream_fork.h). `random`: request
     0's tiles (63 blocks to pick from) go KV-major, request 1's (8 blocks) query-major; `clustered`: mostly
     query-major tiles (a pool of 24 blocks per query block), the KV-major launches finding little or nothing
     to do. The results are bitwise those of the serial order (MSA_SM90_KV_CONCURRENT=0), eagerly on a

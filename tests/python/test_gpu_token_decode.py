@@ -1,4 +1,4 @@
-"""The single-token decode kernel (src/cuda/paged/token_kernel.cuh, sm_90) against the float64 reference,
+"""The single-token decode kernel (src/cuda/decode/token_kernel.cuh, sm_90) against the float64 reference,
 with either split merge (MSA_PAGED_TOKEN_MERGE=pull|push), and the general paged kernel on the same
 problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per request (and MTP: up to 8 tokens per request at
 G > 8, one CTA or cluster per token), head dim 128, G <= 16, top-k <= 32,

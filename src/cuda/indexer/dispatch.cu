@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "core/backend.h"
-#include "cuda/common/check.cuh"
-#include "cuda/common/device_buffer.cuh"
+#include "cuda/runtime/check.cuh"
+#include "cuda/runtime/device_buffer.cuh"
 #include "cuda/indexer/config.h"
 #include "cuda/indexer/launch.h"
 #include "msa/error.h"

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "cuda/indexer/config.h"
-#include "cuda/sm90/tensor_map.h"
+#include "cuda/runtime/tensor_map.h"
 #include "msa/error.h"
 
 namespace msa::detail::cuda::indexer {

@@ -1,7 +1,7 @@
 // Launch of the portable (mma.sync) prefill block-scores kernel: one instantiation per (q dtype, key dtype).
 #include <type_traits>
 
-#include "cuda/common/check.cuh"
+#include "cuda/runtime/check.cuh"
 #include "cuda/indexer/launch.h"
 #include "cuda/indexer/scores_portable.cuh"
 #include "msa/error.h"

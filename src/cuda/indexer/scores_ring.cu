@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "core/backend.h"
-#include "cuda/common/check.cuh"
+#include "cuda/runtime/check.cuh"
 #include "cuda/indexer/key_map.h"
 #include "cuda/indexer/launch.h"
 #include "cuda/indexer/scores_ring.cuh"

@@ -25,7 +25,7 @@
 
 #include <type_traits>
 
-#include "cuda/common/pdl.cuh"
+#include "cuda/arch/pdl.cuh"
 #include "cuda/indexer/device.cuh"
 #include "cuda/indexer/sm90_ptx.cuh"
 

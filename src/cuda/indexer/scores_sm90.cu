@@ -4,7 +4,7 @@
 #include <mutex>
 #include <vector>
 
-#include "cuda/common/check.cuh"
+#include "cuda/runtime/check.cuh"
 #include "cuda/indexer/key_map.h"
 #include "cuda/indexer/launch.h"
 #include "cuda/indexer/scores_sm90.cuh"

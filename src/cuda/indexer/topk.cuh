@@ -15,7 +15,7 @@
 
 #include <type_traits>
 
-#include "cuda/common/pdl.cuh"
+#include "cuda/arch/pdl.cuh"
 #include "cuda/indexer/device.cuh"
 
 namespace msa::detail::cuda::indexer {

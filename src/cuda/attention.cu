@@ -1,0 +1,43 @@
+// The attention entry of the CUDA backend: builds a plan's per-family state and routes each run
+// to the Hopper prefill kernels when they apply, to the paged (sm_80+) family otherwise.
+#include "cuda/runtime/device_buffer.cuh"
+#include "cuda/plan_state.h"
+#include "msa/error.h"
+
+namespace msa::detail::cuda {
+
+std::shared_ptr<PlanState> make_plan_state(const Plan& plan) {
+  auto s = std::make_shared<CudaPlanState>();
+  s->device = plan.device().id;
+  DeviceGuard guard(s->device);
+  s->sm_count = sm_count(s->device);
+  s->cc = compute_capability(s->device);
+  MSA_CHECK(s->cc >= 80, kNotImplemented, "msa.plan: device ", device_name(plan.device()),
+            " has compute capability ", s->cc / 10, ".", s->cc % 10, "; msa's kernels need 8.0 or newer");
+  if (plan.phase() == Phase::kPrefill && s->cc == 90) s->sm90_prefill = sm90::make_prefill_state(plan, *s);
+  s->paged = paged::make_state(plan, *s);
+  return s;
+}
+
+std::string CudaPlanState::describe() const {
+  // The Hopper prefill kernels first when they apply (a run with parameters they do not take falls
+  // back to the paged family, listed after them).
+  std::string out = "device=" + std::to_string(device) + " sm=" + std::to_string(cc);
+  if (sm90_prefill) out += " " + sm90::describe(*sm90_prefill);
+  if (paged) out += " " + paged::describe(*paged);
+  return out;
+}
+
+void attention(const Plan& plan, const AttentionParams& p, void* stream) {
+  MSA_CHECK(plan.state() != nullptr, kValue, "msa.attention: argument 'plan': built for the CPU, given CUDA tensors");
+  const auto& s = static_cast<const CudaPlanState&>(*plan.state());
+  DeviceGuard guard(s.device);
+  auto st = static_cast<cudaStream_t>(stream);
+  if (s.sm90_prefill && sm90::can_run(*s.sm90_prefill, p)) {
+    sm90::run_prefill(*s.sm90_prefill, plan, p, st);
+    return;
+  }
+  paged::run(*s.paged, plan, p, st);
+}
+
+}  // namespace msa::detail::cuda

@@ -1,0 +1,646 @@
+// The paged attention kernel (sm_80+): decode and the portable prefill path, sparse (top-k blocks)
+// and dense, any page size and page strides, optional LSE, split-KV with a fused merge.
+//
+// One CTA = one work item (tile of query tokens of request b, KV head g, split s); see config.cuh
+// for the tile geometry. Its steps:
+//  1. find the tile (decode: from blockIdx; prefill: scan of qo_indptr) and clamp every length read
+//     from the device (nothing here trusts a value: lengths, indptr, pages and blocks are bounded);
+//  2. start the Q tile load (cp.async), build the tile's block list (sparse: union of the tokens'
+//     valid entries, sorted, with a token mask per block; dense: blocks 0 .. ceil(kv_hi/128)-1) and
+//     take this split's contiguous range of it (decode reads the block indexes of a guessed token
+//     row together with qo_indptr, so that the two dependent reads overlap);
+//  3. stream the range's key tiles through a multi-stage cp.async pipeline: one thread per key
+//     resolves the key's page through the page table one tile ahead of its load, into a ring of
+//     offsets; invisible keys (past the causal frontier or kv_len, bad page) are zero-filled;
+//  4. per warp: S = Q K^T (mma.sync m16n8k16), mask, online softmax in the exp2 domain, O += P V;
+//  5. combine the key-group warps, normalize, write o / lse (one split) or an fp32 partial; the last
+//     split of an item to finish (arrival counter) merges the partials in split order
+//     (split_merge.cuh) and resets the counter for the next launch (CUDA graph replay).
+// Launched with programmatic stream serialization on sm_90, the grid may start while the previous
+// kernel of the stream finishes: every device read comes after grid_dependency_wait().
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/decode/block_list.cuh"
+#include "cuda/decode/config.cuh"
+#include "cuda/decode/kernel_params.cuh"
+#include "cuda/decode/merge_math.cuh"
+#include "cuda/decode/prewait_prefetch.cuh"
+#include "cuda/decode/ptx.cuh"
+#include "cuda/decode/request.cuh"
+#include "cuda/decode/split_merge.cuh"
+
+namespace msa::detail::cuda::paged {
+
+// int32 slots of SmemLayout::scratch past the 32 the scan uses.
+constexpr int kScratchTileReq = 40;
+constexpr int kScratchTileIdx = 41;
+constexpr int kScratchIsLast = 42;
+constexpr int kScratchListLen = 43;
+
+// Slack of the lazy running maximum (exp2 domain): p = 2^(x - m) stays <= 2^8.
+constexpr float kLazyMaxSlack = 8.f;
+
+__device__ __forceinline__ uint64_t low_bits(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+// Prefill grids hold sum_b ceil(qo_len_b / T) tiles (from the plan's host lengths); tile x belongs to
+// the request whose running tile count passes x. Returns false when x is past the device lengths.
+template <int THREADS>
+__device__ bool find_scan_tile(const SeqParams& s, int tile_tokens, int64_t x, int* scratch, int& b_out,
+                               int& tile_out) {
+  if (threadIdx.x == 0) {
+    scratch[kScratchTileReq] = -1;
+    scratch[kScratchTileIdx] = 0;
+  }
+  int64_t base = 0;
+  for (int c0 = 0; c0 < s.batch_size; c0 += THREADS) {
+    const int b = c0 + static_cast<int>(threadIdx.x);
+    int tiles = 0;
+    if (b < s.batch_size) {
+      int64_t q0, q1;
+      request_rows(s, b, q0, q1);
+      tiles = static_cast<int>((q1 - q0 + tile_tokens - 1) / tile_tokens);
+    }
+    int total = 0;
+    const int before = block_exclusive_scan<THREADS>(tiles, scratch, &total);  // barriers order the init
+    if (tiles > 0 && x >= base + before && x < base + before + tiles) {
+      scratch[kScratchTileReq] = b;
+      scratch[kScratchTileIdx] = static_cast<int>(x - base - before);
+    }
+    base += total;
+    if (base > x) break;
+  }
+  __syncthreads();
+  b_out = scratch[kScratchTileReq];
+  tile_out = scratch[kScratchTileIdx];
+  return b_out >= 0;
+}
+
+template <typename T, int D, int ROWS>
+__global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, ROWS>::kMinBlocksPerSm)
+    paged_attention_kernel(const __grid_constant__ KernelParams kp) {
+  using C = TileConfig<D, ROWS>;
+  using M = Mma<T>;
+  constexpr int kThreads = C::kThreads;
+  constexpr int kKeys = C::kKeys;
+  constexpr int kWK = C::kKeyGroups;
+  constexpr int kKW = C::kWarpKeys;
+  constexpr int kNT = kKW / 8;        // key n-tiles of S per warp
+  constexpr int kDT = D / 8;          // dv n-tiles of O
+  constexpr int kCpr = C::kChunksPerRow;
+  constexpr int kTPB = C::kTilesPerBlock;
+  constexpr int kStageElems = 2 * kKeys * D;
+  constexpr int kMaxNS = C::kMaxStages;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const AttentionParams& p = kp.a;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wr = warp / kWK, wk = warp % kWK;
+  const int NS = kp.num_stages;
+  const SmemLayout L = smem_layout<D, ROWS>(NS, kp.list_cap);
+  int* scratch = reinterpret_cast<int*>(smem + L.scratch);
+  constexpr uint32_t kRowBytes = D * 2;  // one K/V/Q row in shared memory
+  constexpr uint32_t kStageBytes = kStageElems * 2;
+  const uint32_t stages = smem_addr(smem) + L.stages;  // shared-window byte addresses from here on
+  ulonglong2* ring = reinterpret_cast<ulonglong2*>(smem + L.ring_off);
+  uint64_t* ring_valid = reinterpret_cast<uint64_t*>(smem + L.ring_valid);
+  int32_t* sort_buf = reinterpret_cast<int32_t*>(smem + L.sort_keys);
+  int32_t* list_blk = reinterpret_cast<int32_t*>(smem + L.list_blk);
+  uint64_t* list_mask = reinterpret_cast<uint64_t*>(smem + L.list_mask);
+
+  // ---- 1. the tile and its request -------------------------------------------------------------
+  // Decode (PDL: the grid is resident while the previous kernel runs): the first trips' lines into the L2
+  // before the wait, for the guessed token rows of a full batch (prewait_prefetch.cuh).
+  if (kp.prewait_prefetch != 0 && !kp.scan_tiles && warp == 0) {
+    const int pb = blockIdx.x / kp.tiles_per_req;
+    const int64_t pfirst = static_cast<int64_t>(blockIdx.x % kp.tiles_per_req) * kp.tile_tokens;
+    const int64_t pleft = kp.spec_qo_len - pfirst;
+    const int pnt = static_cast<int>(pleft <= 0 ? 0 : (pleft < kp.tile_tokens ? pleft : kp.tile_tokens));
+    prefetch_first_trips(kp, lane, pb, blockIdx.y, static_cast<int64_t>(pb) * kp.spec_qo_len + pfirst, pnt);
+  }
+  grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
+  allow_dependent_launch(); // the next kernel may take free SM slots and wait there for this one
+  const int g = blockIdx.y, split = blockIdx.z, S = kp.num_splits;
+  const bool sparse = p.block_idx != nullptr;
+  int b, tile;
+  if (kp.scan_tiles) {
+    if (!find_scan_tile<kThreads>(p.seqs, kp.tile_tokens, blockIdx.x, scratch, b, tile)) return;
+  } else {
+    b = blockIdx.x / kp.tiles_per_req;
+    tile = blockIdx.x % kp.tiles_per_req;
+  }
+  const int64_t first = static_cast<int64_t>(tile) * kp.tile_tokens;
+
+  // Entry e of the tile's list is (token e / topk, slot e % topk). When the list has at most one
+  // entry per thread, thread e reads entry e; decode first guesses the tile's token row (a full
+  // batch: request b starts at row b * spec_qo_len) so that this read overlaps the qo_indptr read
+  // it would otherwise wait for (~1 us at D-B1); a wrong guess (ragged batch) reads again below.
+  const bool one_entry = sparse && kp.list_cap <= kThreads;
+  const auto read_entry = [&](int64_t tok0, int e) {
+    const int i = e / p.topk, k = e - i * p.topk;
+    return p.block_idx[(tok0 + i) * p.bi_stride_token + static_cast<int64_t>(g) * p.bi_stride_head +
+                       static_cast<int64_t>(k) * p.bi_stride_k];
+  };
+  int32_t entry = -1;
+  int64_t spec_tok = -1;
+  int spec_nt = 0;
+  if (one_entry && kp.spec_qo_len > 0) {
+    spec_tok = static_cast<int64_t>(b) * kp.spec_qo_len + first;
+    const int64_t left = kp.spec_qo_len - first;
+    spec_nt = static_cast<int>(left <= 0 ? 0 : (left < kp.tile_tokens ? left : kp.tile_tokens));
+    if (tid < spec_nt * p.topk && spec_tok + tid / p.topk < p.seqs.total_q) entry = read_entry(spec_tok, tid);
+  }
+
+  int64_t q0, q1;
+  request_rows(p.seqs, b, q0, q1);
+  const int kv_len = max(p.seqs.kv_lens[b], 0);
+  const int64_t qo_off = p.seqs.qo_offset ? static_cast<int64_t>(p.seqs.qo_offset[b]) : kv_len - (q1 - q0);
+  const int64_t left = q1 - q0 - first;
+  const int nt = static_cast<int>(left <= 0 ? 0 : (left < kp.tile_tokens ? left : kp.tile_tokens));
+  if (nt == 0) return;  // every split of this item returns here too: its counter stays untouched
+  const int64_t tok_base = q0 + first;   // global token index of the tile's token 0
+  const int64_t pos_base = qo_off + first;  // its absolute position
+  const int kv_hi = p.causal ? max(0, min(kv_len, clamp_pos(pos_base + nt))) : kv_len;  // keys any row sees
+  const int nblk = static_cast<int>((static_cast<int64_t>(kv_len) + kBlock - 1) / kBlock);
+  const int G = p.group_size, GP = kp.group_pad, gp_shift = __ffs(GP) - 1;
+  // The request's page-table row (read here, while the block list is built).
+  int64_t row_base, row_len;
+  if (p.pages.indptr) {
+    int64_t a = p.pages.indptr[b], c = p.pages.indptr[b + 1];
+    a = a < 0 ? 0 : (a > p.pages.row_capacity ? p.pages.row_capacity : a);
+    c = c < a ? a : (c > p.pages.row_capacity ? p.pages.row_capacity : c);
+    row_base = a;
+    row_len = c - a;
+  } else {
+    row_base = static_cast<int64_t>(b) * p.pages.row_stride;
+    row_len = p.pages.row_capacity;
+  }
+
+  // ---- 2a. Q tile -> shared (the last stage when Q then moves to registers) ---------------------
+  // Rows are stored with their 16-byte chunks swizzled (chunk c of row r at c ^ (r & 7)), so the 8
+  // rows an ldmatrix reads hit 8 different bank groups.
+  const uint32_t qs = C::kQInRegs ? stages + (NS - 1) * kStageBytes : smem_addr(smem) + L.q;
+  {
+    const T* qg = static_cast<const T*>(p.q);
+    for (int idx = tid; idx < ROWS * kCpr; idx += kThreads) {
+      const int r = idx / kCpr, c = idx % kCpr;
+      const int i = r >> gp_shift, h = r & (GP - 1);
+      const bool ok = i < nt && h < G;
+      const T* src = ok ? qg + (tok_base + i) * p.q_stride_token + static_cast<int64_t>(g * G + h) * p.q_stride_head + c * 8
+                        : qg;
+      cp_async_16(qs + r * kRowBytes + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+  }
+
+  // ---- 2b. block list and this split's range ---------------------------------------------------
+  int n_list;
+  if (sparse) {
+    const int topk = p.topk, n_ent = nt * topk;  // <= list_cap: nt <= tile_tokens
+    // A block past the token's own causal frontier shows it nothing: the token does not select it.
+    const auto key_of = [&](int e, int32_t blk) {
+      const int i = e / topk;
+      const bool ok = blk >= 0 && blk < nblk && (!p.causal || static_cast<int64_t>(blk) * kBlock <= pos_base + i);
+      return ok ? (blk << 6) | i : kNoEntry;
+    };
+    if (one_entry) {
+      if (tid < n_ent && !(tok_base == spec_tok && nt == spec_nt)) entry = read_entry(tok_base, tid);
+      const int32_t key = tid < n_ent ? key_of(tid, entry) : kNoEntry;
+      if (kp.list_cap <= 32) {
+        if (warp == 0) {
+          const int n = build_list_in_warp(key, kp.list_cap, list_blk, list_mask);
+          if (lane == 0) scratch[kScratchListLen] = n;
+        }
+        __syncthreads();
+        n_list = scratch[kScratchListLen];
+      } else {
+        if (tid < kp.list_cap) sort_buf[tid] = key;
+        __syncthreads();
+        sort_keys<kThreads>(sort_buf, kp.list_cap);
+        n_list = compact_runs<kThreads>(sort_buf, kp.list_cap, list_blk, list_mask, scratch);
+        __syncthreads();
+      }
+    } else {
+      for (int e = tid; e < kp.list_cap; e += kThreads)
+        sort_buf[e] = e < n_ent ? key_of(e, read_entry(tok_base, e)) : kNoEntry;
+      __syncthreads();
+      sort_keys<kThreads>(sort_buf, kp.list_cap);
+      n_list = compact_runs<kThreads>(sort_buf, kp.list_cap, list_blk, list_mask, scratch);
+      __syncthreads();
+    }
+  } else {
+    n_list = static_cast<int>((static_cast<int64_t>(kv_hi) + kBlock - 1) / kBlock);
+  }
+  int lb, le;
+  if (kp.fixed_split_blocks > 0) {
+    const int64_t F = kp.fixed_split_blocks;
+    lb = static_cast<int>(min(static_cast<int64_t>(n_list), split * F));
+    le = split == S - 1 ? n_list : static_cast<int>(min(static_cast<int64_t>(n_list), lb + F));
+  } else {
+    const int chunk = (n_list + S - 1) / S;
+    lb = min(n_list, split * chunk);
+    le = min(n_list, lb + chunk);
+  }
+  const int n_tiles = (le - lb) * kTPB;
+  const uint64_t all_tokens = low_bits(nt);
+
+  // ---- the two MMA rows of this thread: token, position; the warp's tokens and positions ---------
+  int tok_of[2], pos_of[2];
+  uint64_t my_tokens = 0;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int r = wr * 16 + (lane >> 2) + 8 * j;
+    const int i = r >> gp_shift, h = r & (GP - 1);
+    const bool ok = i < nt && h < G;
+    tok_of[j] = ok ? i : -1;
+    pos_of[j] = ok ? clamp_pos(pos_base + i) : -1;
+    my_tokens |= ok ? 1ull << i : 0ull;
+  }
+  const uint64_t warp_tokens =
+      static_cast<uint64_t>(__reduce_or_sync(kFullMask, static_cast<unsigned>(my_tokens))) |
+      (static_cast<uint64_t>(__reduce_or_sync(kFullMask, static_cast<unsigned>(my_tokens >> 32))) << 32);
+  const int warp_pos_max = __reduce_max_sync(kFullMask, max(pos_of[0], pos_of[1]));
+  // Smallest position of the warp's query rows (INT_MAX for a warp of padding rows only).
+  const int warp_pos_min = __reduce_min_sync(
+      kFullMask, min(tok_of[0] < 0 ? INT_MAX : pos_of[0], tok_of[1] < 0 ? INT_MAX : pos_of[1]));
+
+  // ---- 3. key rows through the page table, one thread per key of a tile ---------------------------
+  // Page of key j: j >> page_shift for a power-of-two page size (every serving pool), else a 32-bit
+  // division (j < kv_hi <= INT_MAX). Rows go to the ring as pointers, so a tile load is a shared
+  // read and an add per row.
+  const int page_size = p.k.page_size, page_shift = kp.page_shift;
+  const T* kg = static_cast<const T*>(p.k.data);
+  const T* vg = static_cast<const T*>(p.v.data);
+  const T* kg_head = kg + static_cast<int64_t>(g) * p.k.stride_head;
+  const T* vg_head = vg + static_cast<int64_t>(g) * p.v.stride_head;
+  struct KeyFetch {
+    int32_t page = -1;
+    int32_t off = 0;
+  };
+  // Issues the page-table load of key `tid` of tile x; the value is consumed in fetch_end, after
+  // the current tile's math, so the load's latency hides behind it.
+  const auto fetch_begin = [&](int x) {
+    KeyFetch f;
+    if (x < n_tiles) {
+      const int u = lb + x / kTPB;
+      const int blk = sparse ? list_blk[u] : u;
+      // int64: the last block of a kv_len near 2^31 would overflow int32 past kv_len.
+      const int64_t j = static_cast<int64_t>(blk) * kBlock + (x % kTPB) * kKeys + tid;
+      if (j < kv_hi) {
+        const uint32_t ju = static_cast<uint32_t>(j);
+        const uint32_t lp = page_shift >= 0 ? ju >> page_shift : ju / static_cast<uint32_t>(page_size);
+        if (lp < row_len) {
+          f.page = __ldg(p.pages.table + row_base + lp);
+          f.off = static_cast<int32_t>(ju - lp * static_cast<uint32_t>(page_size));
+        }
+      }
+    }
+    return f;
+  };
+  const auto fetch_end = [&](const KeyFetch& f, int slot) {
+    const bool ok = f.page >= 0 && f.page < p.pages.num_pages;
+    ulonglong2 rows;
+    rows.x = reinterpret_cast<uint64_t>(ok ? kg_head + f.page * p.k.stride_page + f.off * p.k.stride_token : kg);
+    rows.y = reinterpret_cast<uint64_t>(ok ? vg_head + f.page * p.v.stride_page + f.off * p.v.stride_token : vg);
+    ring[slot * kKeys + tid] = rows;
+    const unsigned bits = __ballot_sync(kFullMask, ok);
+    if (lane == 0) reinterpret_cast<uint32_t*>(ring_valid + slot)[warp] = bits;
+  };
+  // Thread (row r0 + pass * kLoadRowsPerPass, 8-chunk lane t8) of a tile load; see config.cuh.
+  constexpr int kRPP = C::kLoadRowsPerPass;
+  const int t8 = tid & 7, r0 = tid >> 3;
+  const uint32_t ld_dst = r0 * kRowBytes + ((t8 ^ (r0 & 7)) << 4);
+  const auto load_tile = [&](int stage, int slot) {
+    const uint32_t ks = stages + stage * kStageBytes + ld_dst;
+    const uint32_t vs = ks + kKeys * kRowBytes;
+    const ulonglong2* rows = ring + slot * kKeys + r0;
+    const uint64_t vbits = ring_valid[slot] >> r0;
+#pragma unroll
+    for (int it = 0; it < C::kLoadPasses; ++it) {
+      const ulonglong2 rp = rows[it * kRPP];
+      const bool fill = (vbits >> (it * kRPP)) & 1ull;
+      const char* kr = reinterpret_cast<const char*>(rp.x) + t8 * 16;
+      const char* vr = reinterpret_cast<const char*>(rp.y) + t8 * 16;
+#pragma unroll
+      for (int c = 0; c < C::kLoadChunks; ++c) {
+        cp_async_16_pred(ks + it * kRPP * kRowBytes + c * 128, kr + c * 128, fill);
+        cp_async_16_pred(vs + it * kRPP * kRowBytes + c * 128, vr + c * 128, fill);
+      }
+    }
+  };
+
+  // Prologue: rows of tiles 0..NS-1, loads of tiles 0..NS-2 (cp.async groups after Q's).
+  if (tid < kKeys) {
+    KeyFetch f[kMaxNS];
+#pragma unroll
+    for (int x = 0; x < kMaxNS; ++x)
+      if (x < NS) f[x] = fetch_begin(x);
+#pragma unroll
+    for (int x = 0; x < kMaxNS; ++x)
+      if (x < NS) fetch_end(f[x], x);
+  }
+  __syncthreads();
+  for (int x = 0; x < NS - 1; ++x) {
+    if (x < n_tiles) load_tile(x, x);
+    cp_async_commit();
+  }
+  cp_async_wait_dyn(NS - 1);  // the Q group
+  __syncthreads();
+  // ldmatrix lane addresses. Every row a lane points at has (row & 7) == (lane & 7), so logical
+  // chunk 8*hi + lo sits at byte 128*hi + ((lo ^ (lane & 7)) << 4): four per-lane swizzles (lo = 2q
+  // or 2q + 1) and compile-time offsets cover every fragment of the unrolled loops.
+  uint32_t swz_a[4], swz_b[4];  // lo = 2q + (lane >> 4) (Q, V), 2q + ((lane >> 3) & 1) (K)
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    swz_a[q] = ((2 * q + (lane >> 4)) ^ (lane & 7)) << 4;
+    swz_b[q] = ((2 * q + ((lane >> 3) & 1)) ^ (lane & 7)) << 4;
+  }
+  const uint32_t q_lane = qs + (wr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes;
+  const uint32_t k_lane = (wk * kKW + ((lane >> 4) << 3) + (lane & 7)) * kRowBytes;       // + stage base
+  const uint32_t v_lane = kKeys * kRowBytes + (wk * kKW + ((lane >> 3) & 1) * 8 + (lane & 7)) * kRowBytes;
+  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
+  if constexpr (C::kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[kk], q_lane + (kk >> 2) * 128 + swz_a[kk & 3]);
+  }
+
+  // ---- 4. the key tiles ------------------------------------------------------------------------
+  float o[kDT][4];
+#pragma unroll
+  for (int n = 0; n < kDT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const float sl2 = kp.scale_log2;
+  const uint64_t warp_keys = low_bits(kKW) << (wk * kKW);  // this warp's keys of a tile
+  // Stage and ring slot of tile x (x % NS, x % (NS+1)), of the tile loaded in iteration x
+  // (x+NS-1), and the slot filled at its end (x+NS), stepped instead of divided.
+  int stage = 0, slot = 0, ld_stage = NS - 1, ld_slot = NS - 1, fe_slot = NS;
+  const auto step = [](int v, int n) { return v + 1 == n ? 0 : v + 1; };
+
+  for (int x = 0; x < n_tiles; ++x) {
+    cp_async_wait_dyn(NS - 2);
+    __syncthreads();  // tile x landed for every thread; the stage and ring slot of tile x-1 are free
+    if (x + NS - 1 < n_tiles) load_tile(ld_stage, ld_slot);
+    cp_async_commit();
+    KeyFetch ahead;
+    if (tid < kKeys) ahead = fetch_begin(x + NS);
+
+    const int u = lb + x / kTPB;
+    const int blk = sparse ? list_blk[u] : u;
+    const uint64_t blk_tokens = sparse ? list_mask[u] : all_tokens;
+    const int key0 = blk * kBlock + (x % kTPB) * kKeys;  // first key of the tile
+    const uint64_t valid = ring_valid[slot] & warp_keys;
+    const bool active = (blk_tokens & warp_tokens) != 0 && valid != 0 && !(p.causal && key0 + wk * kKW > warp_pos_max);
+    if (active) {
+      const uint32_t stage_base = stages + stage * kStageBytes;
+      float s[kNT][4];
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      // k-step kk = 4*hi + q covers dims [16 kk, 16 kk + 16) = chunks 8*hi + 2q (+1). With Q in
+      // shared memory (D=256) the hi loop stays rolled so the fragment loads are not all hoisted
+      // ahead of the MMAs (that would spill next to the 128-register O accumulator).
+#pragma unroll(C::kQInRegs ? D / 64 : 1)
+      for (int hi = 0; hi < D / 64; ++hi) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint32_t a[4];
+          if constexpr (C::kQInRegs) {
+            const int kk = hi * 4 + q;
+            a[0] = qa[kk][0], a[1] = qa[kk][1], a[2] = qa[kk][2], a[3] = qa[kk][3];
+          } else {
+            ldmatrix_x4(a, q_lane + hi * 128 + swz_a[q]);
+          }
+#pragma unroll
+          for (int np = 0; np < kNT / 2; ++np) {
+            uint32_t bk[4];
+            ldmatrix_x4(bk, stage_base + k_lane + np * 16 * kRowBytes + hi * 128 + swz_b[q]);
+            M::run(s[2 * np], a, bk[0], bk[1]);
+            M::run(s[2 * np + 1], a, bk[2], bk[3]);
+          }
+        }
+      }
+      // Visibility: the row's token selected this block, the key exists (page, kv_len), causal
+      // order. Most tiles are visible to every row of the warp (all of a decode token's blocks but
+      // its last): they skip the per-element mask (warp-uniform test).
+      const bool all_visible = valid == warp_keys && (blk_tokens & warp_tokens) == warp_tokens &&
+                               !(p.causal && key0 + (wk + 1) * kKW - 1 > warp_pos_min);
+      if (all_visible) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] *= sl2;
+        }
+      } else {
+        bool row_sel[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) row_sel[j] = tok_of[j] >= 0 && ((blk_tokens >> tok_of[j]) & 1ull);
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kl = wk * kKW + n * 8 + (lane & 3) * 2 + (e & 1);
+            const int j = e >> 1;
+            const bool vis = row_sel[j] && ((valid >> kl) & 1ull) && (!p.causal || key0 + kl <= pos_of[j]);
+            s[n][e] = vis ? s[n][e] * sl2 : -INFINITY;
+          }
+        }
+      }
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+      }
+      // Online softmax in the exp2 domain with a lazy maximum: the running max m moves only when a
+      // row's new logits exceed it by more than 8 (so p = 2^(x - m) <= 256, far from fp32/bf16
+      // limits, and l, o stay consistent with m); most tiles then skip the rescale of o (64 FMULs
+      // per thread at D=128) by a warp-uniform vote. A row that has seen nothing keeps m = -inf
+      // and uses 0 as its base, so exp2(-inf - 0) = 0 and nothing turns into NaN.
+      bool grow = false;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFullMask, mx[j], 1));
+        mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFullMask, mx[j], 2));
+        grow |= mx[j] > m_run[j] + kLazyMaxSlack;
+      }
+      if (__any_sync(kFullMask, grow)) {
+        float scale_old[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float m_new = fmaxf(m_run[j], mx[j]);
+          scale_old[j] = exp2_approx(m_run[j] - (m_new == -INFINITY ? 0.f : m_new));
+          m_run[j] = m_new;
+          l_run[j] *= scale_old[j];
+        }
+#pragma unroll
+        for (int n = 0; n < kDT; ++n) {
+          o[n][0] *= scale_old[0];
+          o[n][1] *= scale_old[0];
+          o[n][2] *= scale_old[1];
+          o[n][3] *= scale_old[1];
+        }
+      }
+      const float base[2] = {m_run[0] == -INFINITY ? 0.f : m_run[0], m_run[1] == -INFINITY ? 0.f : m_run[1]};
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] = exp2_approx(s[n][e] - base[e >> 1]);
+          l_run[e >> 1] += s[n][e];
+        }
+      }
+      // O += P V: the S accumulators of two key n-tiles are the A fragment of one 16-key k-step.
+#pragma unroll
+      for (int ks16 = 0; ks16 < kKW / 16; ++ks16) {
+        uint32_t pa[4];
+        pa[0] = M::pack(s[2 * ks16][0], s[2 * ks16][1]);
+        pa[1] = M::pack(s[2 * ks16][2], s[2 * ks16][3]);
+        pa[2] = M::pack(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]);
+        pa[3] = M::pack(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3]);
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, stage_base + v_lane + ks16 * 16 * kRowBytes + (np >> 2) * 128 + swz_a[np & 3]);
+          M::run(o[2 * np], pa, bv[0], bv[1]);
+          M::run(o[2 * np + 1], pa, bv[2], bv[3]);
+        }
+      }
+    }
+    if (tid < kKeys) fetch_end(ahead, fe_slot);
+    stage = step(stage, NS);
+    ld_stage = step(ld_stage, NS);
+    slot = step(slot, NS + 1);
+    ld_slot = step(ld_slot, NS + 1);
+    fe_slot = step(fe_slot, NS + 1);
+  }
+
+  // ---- 5. epilogue: combine key groups, normalize, write o / lse or the split's partial --------------
+  cp_async_wait<0>();
+  __syncthreads();  // the stages (and Q) are free: the fp32 epilogue aliases them
+  constexpr int kEpi = C::kEpiStride;
+  float* eo = reinterpret_cast<float*>(smem + L.epi);  // [WK][ROWS][D + 8]
+  float* em = eo + kWK * ROWS * kEpi;                   // [WK][ROWS] running max (exp2 domain)
+  float* el = em + kWK * ROWS;                          // [WK][ROWS] sum of exp2
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    l_run[j] += __shfl_xor_sync(kFullMask, l_run[j], 1);
+    l_run[j] += __shfl_xor_sync(kFullMask, l_run[j], 2);
+  }
+  {
+    const int r0 = wr * 16 + (lane >> 2);
+    float* w0 = eo + (wk * ROWS + r0) * kEpi + (lane & 3) * 2;
+#pragma unroll
+    for (int n = 0; n < kDT; ++n) {
+      *reinterpret_cast<float2*>(w0 + n * 8) = make_float2(o[n][0], o[n][1]);
+      *reinterpret_cast<float2*>(w0 + 8 * kEpi + n * 8) = make_float2(o[n][2], o[n][3]);
+    }
+    if ((lane & 3) == 0) {
+      em[wk * ROWS + r0] = m_run[0];
+      el[wk * ROWS + r0] = l_run[0];
+      em[wk * ROWS + r0 + 8] = m_run[1];
+      el[wk * ROWS + r0 + 8] = l_run[1];
+    }
+  }
+  __syncthreads();
+
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * gridDim.y + g;
+  T* og = static_cast<T*>(p.o);
+  const auto store_o = [&](int64_t tok, int head, int c, const float (&v)[8]) {
+    uint4 pk;
+    pk.x = M::pack(v[0], v[1]);
+    pk.y = M::pack(v[2], v[3]);
+    pk.z = M::pack(v[4], v[5]);
+    pk.w = M::pack(v[6], v[7]);
+    *reinterpret_cast<uint4*>(og + tok * p.o_stride_token + static_cast<int64_t>(head) * p.o_stride_head + c * 8) = pk;
+  };
+  const auto real_row = [&](int r) { return (r >> gp_shift) < nt && (r & (GP - 1)) < G; };
+  const auto emit = [&](int r, int c, const float (&acc)[8], float lse) {
+    const int64_t tok = tok_base + (r >> gp_shift);
+    const int head = g * G + (r & (GP - 1));
+    store_o(tok, head, c, acc);
+    if (p.lse && c == 0) p.lse[tok * p.lse_stride_token + static_cast<int64_t>(head) * p.lse_stride_head] = lse;
+  };
+  float* po = reinterpret_cast<float*>(smem + L.part);  // [ROWS][D]: this split's rows (cluster merge)
+  float* plse = po + ROWS * D;                           // [ROWS]
+  for (int idx = tid; idx < ROWS * kDT; idx += kThreads) {
+    const int r = idx / kDT, c = idx % kDT;
+    if (!real_row(r)) continue;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWK; ++w) m = fmaxf(m, em[w * ROWS + r]);
+    float l = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < kWK; ++w) {
+      const float mw = em[w * ROWS + r];
+      if (mw == -INFINITY) continue;
+      const float wt = mw == m ? 1.f : exp2_approx(mw - m);
+      l += wt * el[w * ROWS + r];
+      const float4 a = *reinterpret_cast<const float4*>(eo + (w * ROWS + r) * kEpi + c * 8);
+      const float4 z = *reinterpret_cast<const float4*>(eo + (w * ROWS + r) * kEpi + c * 8 + 4);
+      acc[0] += wt * a.x, acc[1] += wt * a.y, acc[2] += wt * a.z, acc[3] += wt * a.w;
+      acc[4] += wt * z.x, acc[5] += wt * z.y, acc[6] += wt * z.z, acc[7] += wt * z.w;
+    }
+    float lse = -INFINITY;
+    if (l > 0.f) {
+      const float inv = 1.f / l;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] *= inv;
+      lse = (m + log2f(l)) * kLn2;
+    }
+    if (S == 1) {
+      emit(r, c, acc, lse);
+    } else {
+      float* dst;
+      float* dst_lse;
+      if (kp.cluster_merge) {
+        dst = po + r * D;
+        dst_lse = plse + r;
+      } else {
+        const int64_t row = (item * S + split) * ROWS + r;
+        dst = kp.part_o + row * D;
+        dst_lse = kp.part_lse + row;
+      }
+      reinterpret_cast<float4*>(dst + c * 8)[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      reinterpret_cast<float4*>(dst + c * 8)[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      if (c == 0) *dst_lse = lse;
+    }
+  }
+  if (S == 1) return;
+  if (kp.cluster_merge) {
+    merge_splits_in_cluster<D, ROWS, kThreads>(smem_addr(po), smem_addr(plse), S, split, real_row, emit);
+    return;
+  }
+
+  // ---- fused split merge through the workspace: the last split of the item to arrive merges ------
+  // Release / acquire by one thread around the arrival counter (the CTA barriers order the other
+  // threads' partial writes before it and their reads after it).
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    const unsigned arrived = atomicAdd(kp.counters + item, 1u);
+    __threadfence();
+    scratch[kScratchIsLast] = arrived == static_cast<unsigned>(S - 1);
+  }
+  __syncthreads();
+  if (!scratch[kScratchIsLast]) return;
+  merge_splits<D, ROWS, kThreads>(kp.part_o + item * S * ROWS * D, kp.part_lse + item * S * ROWS, S, smem, L.ring_off,
+                                  real_row, emit);
+  if (tid == 0) kp.counters[item] = 0;  // ready for the next launch (graph replays reuse the plan)
+}
+
+// Kernel entry points of one (dtype, head dim) for the row counts; instantiated per .cu file.
+template <typename T, int D>
+const void* kernel_for_rows(int rows) {
+  switch (rows) {
+    case 16: return reinterpret_cast<const void*>(&paged_attention_kernel<T, D, 16>);
+    case 64: return reinterpret_cast<const void*>(&paged_attention_kernel<T, D, 64>);
+    case 128: return reinterpret_cast<const void*>(&paged_attention_kernel<T, D, 128>);
+    default: return nullptr;
+  }
+}
+
+}  // namespace msa::detail::cuda::paged

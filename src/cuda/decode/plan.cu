@@ -1,0 +1,426 @@
+// Plan time for the paged family: tile geometry, pipeline depth, split count and workspaces.
+// Host only, never synchronizes: device facts come from cached attribute queries.
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "cuda/runtime/check.cuh"
+#include "cuda/decode/config.cuh"
+#include "cuda/decode/kernel_params.cuh"
+#include "cuda/decode/kernel_table.h"
+#include "cuda/decode/split_merge.cuh"
+#include "cuda/decode/state.cuh"
+#include "cuda/decode/token_config.h"
+#include "cuda/plan_state.h"
+#include "msa/error.h"
+
+namespace msa::detail::cuda::paged {
+
+namespace {
+
+// Host view of one TileConfig instance.
+struct TileFacts {
+  int threads;
+  int max_stages;
+  uint32_t (*smem_bytes)(int stages, int list_cap);
+  uint32_t (*merge_bytes)(int stages, int list_cap);  // shared memory the fused merge may use
+  bool (*part_fits)(int stages, int list_cap);        // a split's rows fit beside the epilogue
+};
+template <int D, int ROWS>
+TileFacts facts_of() {
+  using C = TileConfig<D, ROWS>;
+  return {C::kThreads, C::kMaxStages,
+          [](int stages, int list_cap) { return smem_layout<D, ROWS>(stages, list_cap).total; },
+          [](int stages, int list_cap) { return smem_layout<D, ROWS>(stages, list_cap).ring_off; },
+          [](int stages, int list_cap) {
+            const SmemLayout l = smem_layout<D, ROWS>(stages, list_cap);
+            return l.part_end <= l.ring_off;
+          }};
+}
+
+template <int D>
+TileFacts facts_for_rows(int rows) {
+  return rows == 16 ? facts_of<D, 16>() : (rows == 64 ? facts_of<D, 64>() : facts_of<D, 128>());
+}
+TileFacts tile_facts(int head_dim, int rows) {
+  return head_dim == 64 ? facts_for_rows<64>(rows) : (head_dim == 128 ? facts_for_rows<128>(rows) : facts_for_rows<256>(rows));
+}
+
+// Per-device facts and per-kernel attributes, cached: plan() for decode must stay within ~20 us.
+struct DeviceCache {
+  std::mutex mu;
+  std::map<int, int> smem_optin;                                  // device -> bytes
+  std::map<std::pair<int, const void*>, uint32_t> smem_limit_set;  // (device, kernel) -> bytes allowed
+  std::map<std::tuple<int, const void*, uint32_t>, int> ctas_per_sm;
+  std::map<std::tuple<int, const void*, uint32_t, int>, int> clusters;  // (device, kernel, smem, size) -> fit
+};
+DeviceCache& cache() {
+  static DeviceCache c;
+  return c;
+}
+
+int smem_optin(int device) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.smem_optin.find(device);
+  if (it != c.smem_optin.end()) return it->second;
+  int v = 0;
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  c.smem_optin[device] = v;
+  return v;
+}
+
+// Raises the kernel's dynamic shared-memory cap to `bytes` (the current device is `device`) and
+// returns how many of its CTAs fit on one SM.
+int prepare_kernel(int device, const void* fn, int threads, uint32_t bytes) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  uint32_t& set = c.smem_limit_set[{device, fn}];
+  if (bytes > set) {
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    set = bytes;
+  }
+  auto key = std::make_tuple(device, fn, bytes);
+  auto it = c.ctas_per_sm.find(key);
+  if (it != c.ctas_per_sm.end()) return it->second;
+  int n = 0;
+  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, bytes));
+  c.ctas_per_sm[key] = n;
+  return n;
+}
+
+// How many clusters of `size` CTAs (dims 1 x 1 x size) of the kernel fit on the device at once (0:
+// none, or the device cannot launch such clusters). Sizes above 8 need the non-portable cluster
+// attribute, which the H100 / H200 grant up to 16.
+int clusters_that_fit(int device, const void* fn, int threads, uint32_t bytes, int size) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto key = std::make_tuple(device, fn, bytes, size);
+  auto it = c.clusters.find(key);
+  if (it != c.clusters.end()) return it->second;
+  if (size > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return c.clusters[key] = 0;
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = static_cast<unsigned>(size);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1, 1, static_cast<unsigned>(size));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = bytes;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return c.clusters[key] = n;
+}
+
+// Why this family cannot run the configuration ("" when it can).
+std::string unsupported_reason(const char* fn, const AttentionConfig& c) {
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    return detail::concat(fn, ": argument 'head_dim': the CUDA paged attention kernels support 64, 128 or 256, got ",
+                          c.head_dim);
+  if (c.dv() != c.head_dim)
+    return detail::concat(fn, ": argument 'head_dim_v': the CUDA paged attention kernels need head_dim_v == head_dim (",
+                          c.head_dim, "), got ", c.dv());
+  if (c.group_size() > 128)
+    return detail::concat(fn, ": arguments 'num_qo_heads'/'num_kv_heads': the CUDA paged attention kernels support at "
+                          "most 128 query heads per KV head, got ", c.group_size());
+  if (c.num_kv_heads > 65535)
+    return detail::concat(fn, ": argument 'num_kv_heads': the CUDA paged attention kernels support at most 65535, got ",
+                          c.num_kv_heads);
+  return {};
+}
+
+int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Before the PDL wait, the decode kernels prefetch into the L2 the lines of their first trips (the guessed
+// index rows, the lengths) and of the request's page-table row: under PDL the grid is resident while the
+// previous kernel runs, so those trips hit the L2. MSA_PAGED_PREFETCH=N picks what (a bitmask: 1 the index
+// rows, 2 the lengths, 4 the page-table row; 0 none; default 7), to measure each part (docs/decode.md,
+// sixteenth session).
+int prewait_prefetch_bits() {
+  const char* e = std::getenv("MSA_PAGED_PREFETCH");
+  if (e == nullptr || *e == 0) return kPrefetchAll;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  MSA_CHECK(*end == 0 && v >= 0 && v <= kPrefetchAll, kValue,
+            "msa.plan_decode: environment variable MSA_PAGED_PREFETCH: expected 0..", kPrefetchAll, ", got '", e, "'");
+  return static_cast<int>(v);
+}
+
+// The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
+// request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
+// splits merge in a cluster); and MTP plans of up to kTokenMaxQoLen tokens per request when the
+// general kernel would also take one token per tile (G > 8: 16 rows per token), one CTA (or cluster)
+// per token. Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns it off
+// (benchmarks compare the two kernels in one process).
+bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
+  const AttentionConfig& c = plan.config();
+  if (const char* e = std::getenv("MSA_PAGED_TOKEN_KERNEL"); e != nullptr && std::strcmp(e, "0") == 0) return false;
+  const int tq = std::max(plan.max_qo_len(), 1);
+  if (dev.cc < 90 || tq > kTokenMaxQoLen || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
+  if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 1 || c.topk > kTokenMaxTopk) return false;
+  if (tq > 1 && 2 * c.group_size() <= kTokenRows) return false;  // the general kernel packs several tokens per tile
+  if (static_cast<int64_t>(plan.batch_size()) * std::bit_ceil(static_cast<unsigned>(tq)) > INT32_MAX) return false;  // grid.x
+  if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
+  // Split merge: the push merge of token_kernel.cuh (D-B1 10.24 -> 8.42 us against the pull merge,
+  // same run, bench/results/decode-20261129-7454849-push-variants.md), or MSA_PAGED_TOKEN_MERGE=pull
+  // (split_merge.cuh, bitwise the same result; kept to compare the two). Push takes kTokenSmemPushBytes
+  // when the plan splits.
+  bool push = true;
+  if (const char* e = std::getenv("MSA_PAGED_TOKEN_MERGE"); e != nullptr && *e != 0 && std::strcmp(e, "push") != 0) {
+    MSA_CHECK(std::strcmp(e, "pull") == 0, kValue,
+              "msa.plan_decode: environment variable MSA_PAGED_TOKEN_MERGE: expected 'pull' or 'push', got '", e, "'");
+    push = false;
+  }
+  const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
+  int per_sm = INT32_MAX;
+  for (ScalarType t : kDtypes) {
+    per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(t), kTokenThreads, kTokenSmemBytes));
+    if (push) (void)prepare_kernel(dev.device, token_kernel_entry(t, true), kTokenThreads, kTokenSmemPushBytes);
+  }
+  if (per_sm < 1) return false;
+  // Clusters of n CTAs that fit the device at once, with the push merge's shared memory or the pull's.
+  const auto clusters_fit = [&](int64_t n, bool with_push) {
+    int fit = INT32_MAX;
+    for (ScalarType t : kDtypes)
+      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t, with_push), kTokenThreads,
+                                            with_push ? token_push_smem_bytes(static_cast<int>(n)) : kTokenSmemBytes,
+                                            static_cast<int>(n)));
+    return fit;
+  };
+  // The push merge's shared memory (token_push_smem_bytes: 112.7 KB for a power-of-two split count,
+  // up to 120.7 KB otherwise) may fit fewer clusters than the pull merge's ~104 KB. Push saves ~2 us
+  // a call (D-B1 7.2 vs 9.2 us); a block more per CTA costs about 1-1.5 us. So a plan takes push with
+  // the most splits whose clusters all fit when that adds at most one block per CTA to pull's split
+  // count, else pull (H200, c50e0f4 / d07921b, M3-TP4, push at 120.7 KB: D-B32 push at 2 splits 19.35
+  // us, pull at 4 splits 17.41; D-B8 push at 8 splits 8.80 us, pull at 16 splits 11.58; with the
+  // receive rows sized by S, D-B32 takes push at 4 splits: 14.8-15.1 us, decode-20261130-d0c4268-ab.md).
+  bool push_fits = push;
+  // Splits: fixed-size ranges when asked (batch-invariant; the kernel serves such a plan only when
+  // top-k / F ranges always fit one cluster, so the choice does not depend on the batch or the
+  // lengths), else one CTA per SM, in clusters that all fit the device at once. One CTA per SM, not
+  // the two that fit: M3-TP1 D-B32 (128 items) ran 37.35 us unsplit against 38.94 us with 2 splits;
+  // M3-TP4 D-B32 (32 items) 17.04 us with 4 splits, 19.17 with 2, 28.68 with 1; D-B1 10.23 us with
+  // 16 and 10.33 with 8 (H200, bench/results/decode-20261129-aeb7545-token-splits.md).
+  const int64_t items = static_cast<int64_t>(plan.batch_size()) * tq * c.num_kv_heads;
+  const int64_t n_max = std::min<int64_t>(c.topk, std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1));
+  const SplitOptions& so = plan.split_options();
+  int64_t splits = 1;
+  if (so.fixed_split_blocks > 0) {
+    if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
+    splits = ceil_div64(n_max, so.fixed_split_blocks);
+    if (so.max_splits > 0 && splits > so.max_splits) return false;
+    if (splits > 1 && clusters_fit(splits, false) < 1) return false;
+    push_fits = push && clusters_fit(splits, true) >= 1;
+  } else {
+    const int64_t slots = dev.sm_count;
+    splits = items >= slots ? 1 : std::min(slots / items, n_max);
+    if (so.max_splits > 0) splits = std::min<int64_t>(splits, so.max_splits);
+    splits = std::clamp<int64_t>(splits, 1, kTokenMaxSplits);
+    const auto most_that_fit = [&](bool with_push) {
+      for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}})
+        if (n > 1 && n <= splits && clusters_fit(n, with_push) >= items) return n;
+      return int64_t{1};
+    };
+    const int64_t n_pull = most_that_fit(false);
+    const int64_t n_push = push ? most_that_fit(true) : 1;
+    push_fits = n_push > 1 && ceil_div64(n_max, n_push) <= ceil_div64(n_max, n_pull) + 1;
+    splits = push_fits ? n_push : n_pull;
+  }
+  st.token_kernel = true;
+  st.head_dim = kTokenHeadDim;
+  st.rows = kTokenRows;
+  st.threads = kTokenThreads;
+  st.group_pad = static_cast<int>(std::bit_ceil(static_cast<unsigned>(c.group_size())));
+  st.tile_tokens = 1;
+  st.tq_shift = std::bit_width(static_cast<unsigned>(tq) - 1u);  // CTAs per request: tq rounded up to a power of two
+  st.tiles_per_req = 1 << st.tq_shift;
+  st.num_tiles = static_cast<int64_t>(plan.batch_size()) << st.tq_shift;
+  st.num_kv_heads = c.num_kv_heads;
+  st.splits = static_cast<int>(splits);
+  st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
+  st.stages = kTokenStages;
+  st.push_merge = push_fits && splits > 1;
+  st.smem_bytes = st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
+  st.spec_qo_len = tq;
+  st.pdl = true;
+  st.prewait_prefetch = prewait_prefetch_bits();
+  st.cluster_merge = splits > 1;
+  return true;
+}
+
+}  // namespace
+
+std::string describe(const State& s) {
+  if (!s.unsupported.empty()) return "paged=unsupported";
+  std::string out = s.token_kernel ? "paged=token" : "paged=general rows=" + std::to_string(s.rows) +
+                                                         " tile_tokens=" + std::to_string(s.tile_tokens);
+  out += " splits=" + std::to_string(s.splits);
+  if (s.fixed_split_blocks > 0) out += " fixed_split_blocks=" + std::to_string(s.fixed_split_blocks);
+  const char* merge = s.splits <= 1 ? "none" : s.push_merge ? "push" : s.cluster_merge ? "pull" : "workspace";
+  return out + " merge=" + merge + " stages=" + std::to_string(s.stages);
+}
+
+std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
+  const AttentionConfig& c = plan.config();
+  const bool decode = plan.phase() == Phase::kDecode;
+  const char* fn = decode ? "msa.plan_decode" : "msa.plan_prefill";
+  auto st = std::make_shared<State>();
+  if (std::string why = unsupported_reason(fn, c); !why.empty()) {
+    if (!decode && dev.sm90_prefill) {  // the Hopper prefill serves it; run() reports if it falls back here
+      st->unsupported = why;
+      return st;
+    }
+    MSA_FAIL(kNotImplemented, why);
+  }
+  if (decode && plan_token_kernel(*st, plan, dev)) return st;
+  const int D = c.head_dim;
+  const int GP = static_cast<int>(std::bit_ceil(static_cast<unsigned>(c.group_size())));
+  const int max_qo = std::max(plan.max_qo_len(), 1);
+
+  // Rows: decode tiles are 16 rows whenever the padded group fits (M3, G=16: one token per tile,
+  // MTP requests take one tile per token; G=4: 4 tokens per tile), so the 4 warps split every key
+  // tile. A 64-row tile holding 4 MTP tokens loads a block shared by them once, but only the warp
+  // of a token that selected the block computes on it: with the benchmark's random selections
+  // that serialized the math and measured 227 us against 165 us for one token per tile (D-mtp,
+  // H200). Groups above 16 take 64 / 128 rows (several tokens per tile when they fit); prefill
+  // uses 128 rows (64 at G=1 so a tile keeps <= 64 tokens; 64 at D=256 to bound registers and
+  // shared memory).
+  int rows;
+  if (decode) {
+    const int need = max_qo * GP;
+    rows = GP <= 16 ? 16 : (need <= 64 ? 64 : 128);
+  } else {
+    rows = D == 256 ? std::max(GP, 64) : (GP == 1 ? 64 : 128);
+  }
+  int tile_tokens = std::min({rows / GP, kMaxTileTokens, max_qo});
+  int list_cap = 0;
+  if (c.topk > 0) {
+    // The sort holds tile_tokens x topk entries; fewer tokens per tile when a row is very long.
+    while (tile_tokens > 1 && static_cast<int64_t>(tile_tokens) * c.topk > kMaxListEntries) tile_tokens /= 2;
+    MSA_CHECK(c.topk <= kMaxListEntries, kNotImplemented, fn,
+              ": argument 'topk': the CUDA paged attention kernels support up to ", kMaxListEntries, ", got ", c.topk);
+    list_cap = static_cast<int>(std::bit_ceil(static_cast<unsigned>(tile_tokens * c.topk)));
+  }
+
+  const TileFacts facts = tile_facts(D, rows);
+  st->head_dim = D;
+  st->rows = rows;
+  st->threads = facts.threads;
+  st->group_pad = GP;
+  st->tile_tokens = tile_tokens;
+  st->list_cap = list_cap;
+  st->num_kv_heads = c.num_kv_heads;
+  if (decode) {
+    st->tiles_per_req = static_cast<int>(ceil_div64(max_qo, tile_tokens));
+    st->num_tiles = static_cast<int64_t>(plan.batch_size()) * st->tiles_per_req;
+  } else {
+    st->scan_tiles = true;
+    int64_t tiles = 0;
+    for (int32_t n : plan.qo_lens()) tiles += ceil_div64(std::max(n, 0), tile_tokens);
+    st->num_tiles = std::max<int64_t>(tiles, 1);
+  }
+  MSA_CHECK(st->num_tiles <= INT32_MAX, kNotImplemented, fn, ": the batch needs ", st->num_tiles,
+            " query tiles, more than one launch holds (2^31 - 1)");
+
+  // Pipeline depth: the deepest that fits the device (3 stages of 32 KB at D=128: 2 CTAs per SM on
+  // the H200).
+  const int optin = smem_optin(dev.device);
+  int stages = facts.max_stages;
+  while (stages > 2 && facts.smem_bytes(stages, list_cap) > static_cast<uint32_t>(optin)) --stages;
+  const uint32_t smem = facts.smem_bytes(stages, list_cap);
+  MSA_CHECK(smem <= static_cast<uint32_t>(optin), kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ",
+            D, ", ", rows, " rows and topk ", c.topk, " needs ", smem, " bytes of shared memory; ",
+            device_name(plan.device()), " allows ", optin);
+  st->stages = stages;
+  st->smem_bytes = smem;
+  int per_sm = 0;
+  const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
+  for (ScalarType t : kDtypes) per_sm = prepare_kernel(dev.device, kernel_entry(t, D, rows), st->threads, smem);
+  MSA_CHECK(per_sm >= 1, kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ", D, " and ", rows,
+            " rows does not fit on ", device_name(plan.device()));
+
+  // Splits. A work item is (tile, KV head); its block list has at most n_max entries.
+  const int64_t items = st->num_tiles * c.num_kv_heads;
+  const int64_t kv_blocks = std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1);
+  const int64_t n_max = c.topk > 0 ? std::min<int64_t>(static_cast<int64_t>(tile_tokens) * c.topk, kv_blocks) : kv_blocks;
+  const SplitOptions& so = plan.split_options();
+  int64_t splits = 1;
+  if (so.fixed_split_blocks > 0) {
+    // Decode: split s covers list entries [s*F, (s+1)*F) whatever the batch, so a request's result
+    // does not depend on the others (bitwise). Prefill tiles never split under F: one pass over
+    // the whole list is batch-invariant by construction and needs no workspace of total_q rows.
+    if (decode) {
+      splits = ceil_div64(n_max, so.fixed_split_blocks);
+      st->fixed_split_blocks = so.fixed_split_blocks;
+    }
+  } else {
+    // Enough CTAs to fill every SM once (one wave of per_sm x SMs slots); splitting finer than a
+    // wave only adds partials. B=32 at M3-TP1: 128 items, 264 slots -> 2 splits of 8 blocks.
+    const int64_t slots = static_cast<int64_t>(per_sm) * dev.sm_count;
+    splits = items >= slots ? 1 : std::min(slots / items, n_max);
+  }
+  if (so.max_splits > 0) splits = std::min<int64_t>(splits, so.max_splits);
+  splits = std::clamp<int64_t>(splits, 1, kMaxSplits);
+  // The fused merge stages one row of every split (and all lse values) in the stage memory.
+  const uint32_t merge_room = facts.merge_bytes(stages, list_cap);
+  while (splits > 1 && merge_min_bytes(static_cast<int>(splits), rows, D) > merge_room) --splits;
+  if (!decode) {
+    // Prefill partials span total_q rows: keep them under 256 MiB.
+    const int64_t per_split = items * rows * (D + 1) * 4;
+    while (splits > 1 && per_split * splits > (int64_t{256} << 20)) --splits;
+  }
+  // Sm_90: the splits of an item merge inside a thread-block cluster (split_merge.cuh) when its
+  // shared memory holds a split's rows and the device can place such clusters. Without a fixed
+  // split size the plan takes the largest split count (the one above, else 16, 8, 4, 2 below it)
+  // whose clusters all fit the device at once, and prefers it to the workspace merge (H200: dense
+  // D-B1 ran 70.5 us with 16 splits in clusters, 119 us with 64 through the workspace; D-B8 ran
+  // 20.6 us with clusters of 4, 30.7 us with clusters of 8, which do not all fit in one wave).
+  const auto clusters_fit = [&](int64_t n) {
+    if (dev.cc < 90 || n < 2 || n > kMaxClusterSplits || !facts.part_fits(stages, list_cap)) return 0;
+    int fit = INT32_MAX;
+    for (ScalarType t : kDtypes) {
+      const void* fn = kernel_entry(t, D, rows);
+      fit = std::min(fit, clusters_that_fit(dev.device, fn, st->threads, smem, static_cast<int>(n)));
+    }
+    return fit;
+  };
+  if (st->fixed_split_blocks > 0) {
+    st->cluster_merge = clusters_fit(splits) >= 1;
+  } else if (splits > 1) {
+    for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}}) {
+      if (n <= splits && clusters_fit(n) >= items) {
+        splits = n;
+        st->cluster_merge = true;
+        break;
+      }
+    }
+  }
+  st->splits = static_cast<int>(splits);
+  st->spec_qo_len = decode && c.topk > 0 ? max_qo : 0;
+  st->pdl = dev.cc >= 90;
+  st->prewait_prefetch = decode && st->pdl ? prewait_prefetch_bits() : 0;
+  if (splits > 1 && !st->cluster_merge) {
+    const size_t rows_total = static_cast<size_t>(items) * splits * rows;
+    st->part_o = DeviceBuffer(rows_total * D * sizeof(float));
+    st->part_lse = DeviceBuffer(rows_total * sizeof(float));
+    st->counters = DeviceBuffer(static_cast<size_t>(items) * sizeof(uint32_t));
+  }
+  return st;
+}
+
+}  // namespace msa::detail::cuda::paged

@@ -1,0 +1,84 @@
+// Run time for the paged family: fills the kernel parameters and launches. No allocation, no host
+// synchronization, no host read of device memory: safe under CUDA graph capture.
+#include <algorithm>
+
+#include "cuda/runtime/check.cuh"
+#include "cuda/decode/kernel_params.cuh"
+#include "cuda/decode/kernel_table.h"
+#include "cuda/decode/state.cuh"
+#include "cuda/plan_state.h"
+#include "msa/error.h"
+
+namespace msa::detail::cuda::paged {
+
+void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream) {
+  MSA_CHECK(s.unsupported.empty(), kNotImplemented, s.unsupported);
+  const void* fn = s.token_kernel ? token_kernel_entry(p.dtype, s.push_merge) : kernel_entry(p.dtype, s.head_dim, s.rows);
+  MSA_CHECK(fn != nullptr, kType, "msa.attention: argument 'q': the CUDA paged attention kernels take bfloat16 or "
+            "float16, got scalar type ", static_cast<int>(p.dtype));
+  MSA_CHECK(p.head_dim == s.head_dim && p.head_dim_v == s.head_dim, kValue,
+            "msa.attention: argument 'q': head_dim ", p.head_dim, " differs from the plan's ", s.head_dim);
+
+  KernelParams kp;
+  kp.a = p;
+  kp.scale_log2 = p.sm_scale * 1.4426950408889634f;
+  kp.group_pad = s.group_pad;
+  kp.tile_tokens = s.tile_tokens;
+  kp.tiles_per_req = s.tiles_per_req;
+  kp.scan_tiles = s.scan_tiles;
+  kp.num_splits = s.splits;
+  kp.split_magic = (65536u + static_cast<uint32_t>(s.splits) - 1u) / static_cast<uint32_t>(s.splits);
+  kp.fixed_split_blocks = s.fixed_split_blocks;
+  kp.num_stages = s.stages;
+  kp.list_cap = s.list_cap;
+  kp.spec_qo_len = s.spec_qo_len;
+  kp.tq_shift = s.tq_shift;
+  const int ps = p.k.page_size;
+  kp.page_shift = ps > 0 && (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
+  kp.cluster_merge = s.cluster_merge;
+  kp.prewait_prefetch = s.prewait_prefetch;
+  if ((kp.prewait_prefetch & kPrefetchPages) != 0 && p.pages.indptr == nullptr && ps > 0) {
+    const int64_t pages = std::min(p.pages.row_capacity, (p.max_kv_len + ps - 1) / ps);
+    kp.prefetch_page_entries = static_cast<int32_t>(std::clamp<int64_t>(pages, 0, kPrefetchPageEntries));
+  }
+  bool pdl = s.pdl;
+  if (s.splits > 1 && !s.cluster_merge) {
+    kp.part_o = s.part_o.as<float>();
+    kp.part_lse = s.part_lse.as<float>();
+    kp.counters = s.counters.as<uint32_t>();
+    if (!s.counters_zeroed.load(std::memory_order_acquire)) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      MSA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+      MSA_CUDA_CHECK(cudaMemsetAsync(s.counters.get(), 0, s.counters.bytes(), stream));
+      if (capture == cudaStreamCaptureStatusNone) s.counters_zeroed.store(true, std::memory_order_release);
+      pdl = false;  // the kernel follows the memset in plain stream order
+    }
+  }
+  // Programmatic dependent launch (sm_90): the grid may be scheduled while the previous kernel of
+  // the stream finishes (the kernel waits for it before its first device read), which hides the
+  // launch latency of back-to-back decode steps.
+  cudaLaunchAttribute attrs[2]{};
+  unsigned num_attrs = 0;
+  if (pdl) {
+    attrs[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[num_attrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (s.cluster_merge) {  // the splits of an item form one cluster (split_merge.cuh)
+    attrs[num_attrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[num_attrs].val.clusterDim.x = 1;
+    attrs[num_attrs].val.clusterDim.y = 1;
+    attrs[num_attrs++].val.clusterDim.z = static_cast<unsigned>(s.splits);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(s.num_tiles), static_cast<unsigned>(s.num_kv_heads),
+                     static_cast<unsigned>(s.splits));
+  cfg.blockDim = dim3(s.threads);
+  cfg.dynamicSmemBytes = s.smem_bytes;
+  cfg.stream = stream;
+  cfg.attrs = num_attrs > 0 ? attrs : nullptr;
+  cfg.numAttrs = num_attrs;
+  void* args[] = {&kp};
+  MSA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, fn, args));
+}
+
+}  // namespace msa::detail::cuda::paged

@@ -1,6 +1,0 @@
-// Instances of the paged kernel for bf16, head dim 64 (rows 16, 64, 128).
-#include "cuda/paged/kernel.cuh"
-
-namespace msa::detail::cuda::paged {
-template const void* kernel_for_rows<__nv_bfloat16, 64>(int);
-}  // namespace msa::detail::cuda::paged

@@ -1,0 +1,24 @@
+// Template definitions behind launch.h for the KV-major kernel; included once per dtype.
+#pragma once
+
+#include "cuda/runtime/check.cuh"
+#include "cuda/arch/pdl.cuh"
+#include "cuda/prefill_sm90/kvmajor_kernel.cuh"
+#include "cuda/prefill_sm90/launch.h"
+
+namespace msa::detail::cuda::sm90 {
+
+template <bool kBf16>
+void launch_kvmajor(const KvMajorParams& p, int grid, bool pdl, cudaStream_t stream) {
+  launch_kernel(pdl, kvmajor_prefill_kernel<kBf16>, dim3(grid), dim3(kThreads), kKvMajorSmemBytes, stream, p);
+}
+
+template <bool kBf16>
+bool configure_kvmajor() {
+  const void* k = reinterpret_cast<const void*>(kvmajor_prefill_kernel<kBf16>);
+  if (!kernel_has_sm90a_body(k)) return false;
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kKvMajorSmemBytes));
+  return true;
+}
+
+}  // namespace msa::detail::cuda::sm90

@@ -1,0 +1,444 @@
+// Entry points of the Hopper prefill family (declared in cuda/plan_state.h): which plans it serves,
+// the workspaces it sizes from the plan's host lengths, and the run-time sequence of launches.
+//
+// run() launches, in order on the caller's stream:
+//   tile schedule (1 CTA)            tile_cum / blk_cum from device lengths, counters zeroed
+//   [sparse] tile lists              per-tile sorted union of blocks + token masks, path per tile
+//                                    (with a KV-major path, the query-major tiles listed compactly)
+//   query-major kernel               dense tiles, or sparse tiles whose union is narrow
+//   [KV-major] memset, rank, scan, fill, then per window: KV-major kernel, LSE merge
+// With a KV-major path the KV-major launches run on the plan's side stream (StreamFork, highest
+// priority) while the query-major kernel runs on the caller's: the two share no writes (the query-major
+// kernel skips KV-major tiles, each path writes its own tiles' rows of o / lse and its own counters).
+// Before, the six KV-major launches ran after the query-major kernel even when they found nothing to do:
+// M3-TP1 P-chunk `shared`, 21 us of kernels (memset .. merge) and ~10 us of gaps behind its 463 us
+// query-major kernel, and in every plan the KV-major work waited for the query-major kernel's last tiles.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "cuda/runtime/check.cuh"
+#include "cuda/prefill_sm90/config.h"
+#include "cuda/prefill_sm90/kvmajor_lists.h"
+#include "cuda/prefill_sm90/launch.h"
+#include "cuda/prefill_sm90/prefill_state.h"
+#include "cuda/prefill_sm90/schedule.h"
+#include "cuda/runtime/tensor_map.h"
+#include "msa/error.h"
+
+namespace msa::detail::cuda::sm90 {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+int log2_exact(int x) {
+  if (x <= 0 || (x & (x - 1))) return -1;
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return s;
+}
+
+// MSA_SM90_PREFILL=auto (default) | qmajor | kvmajor chooses how sparse tiles are decomposed (for
+// benchmarks and experiments; auto picks per tile on the device, see KvMajorRule).
+KvMajorRule sparse_rule(bool sparse, int group) {
+  if (!sparse || group < kKvMinGroup) return KvMajorRule::kNever;
+  const char* e = std::getenv("MSA_SM90_PREFILL");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return KvMajorRule::kWideUnion;
+  if (std::strcmp(e, "qmajor") == 0) return KvMajorRule::kNever;
+  if (std::strcmp(e, "kvmajor") == 0) return KvMajorRule::kAlways;
+  MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_PREFILL: expected auto, qmajor or kvmajor, got '",
+           e, "'");
+}
+
+// A 0 / 1 environment variable read at plan time (benchmarks, experiments); unset or empty: dflt.
+bool env_flag(const char* name, bool dflt) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == 0) return dflt;
+  if (std::strcmp(e, "0") == 0) return false;
+  if (std::strcmp(e, "1") == 0) return true;
+  MSA_FAIL(kValue, "msa.plan_prefill: environment variable ", name, ": expected 0 or 1, got '", e, "'");
+}
+
+// MSA_SM90_KV_CONCURRENT=0 keeps the KV-major launches on the caller's stream too, after the query-major kernel
+// (no fork: the serial order).
+bool kv_concurrent() { return env_flag("MSA_SM90_KV_CONCURRENT", true); }
+
+// MSA_SM90_KV_TMA_STORE=0|1 overrides kKvTmaStore.
+bool kv_tma_store() { return env_flag("MSA_SM90_KV_TMA_STORE", kKvTmaStore); }
+
+// MSA_SM90_PDL=0 launches the run's kernels in plain stream order (see PrefillState::pdl).
+bool chain_pdl() { return env_flag("MSA_SM90_PDL", true); }
+// MSA_SM90_PDL_KV=0 keeps scan, fill and the KV-major kernel out of it (see PrefillState::pdl_kv).
+bool kv_chain_pdl() { return env_flag("MSA_SM90_PDL_KV", true); }
+
+// Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4;
+// MSA_SM90_KEY_STRIPES=4|8 overrides (tests, benchmarks).
+int32_t key_stripes(int32_t key_span) {
+  const char* e = std::getenv("MSA_SM90_KEY_STRIPES");
+  if (e == nullptr || *e == 0) return key_span <= kKeyStripesWideKeys ? 8 : 4;
+  if (std::strcmp(e, "4") == 0) return 4;
+  if (std::strcmp(e, "8") == 0) return 8;
+  MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KEY_STRIPES: expected 4 or 8, got '", e, "'");
+}
+
+// The KV-major tail split (config.h kKvTailItemsPerSm, kKvTailSubTiles); MSA_SM90_KV_TAIL=FxS overrides:
+// the last F x (SM count) work items claimed S Q tiles at a time, 0x0 whole items throughout.
+void kv_tail(int32_t sm_count, int32_t* items, int32_t* sub_tiles) {
+  int f = kKvTailItemsPerSm, t = kKvTailSubTiles;
+  const char* e = std::getenv("MSA_SM90_KV_TAIL");
+  if (e != nullptr && *e != 0 && (std::sscanf(e, "%dx%d", &f, &t) != 2 || f < 0 || t < 0))
+    MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_TAIL: expected FxS (two integers >= 0), got '",
+             e, "'");
+  const bool on = f > 0 && t > 0;
+  *items = on ? std::min(f, 1 << 16) * sm_count : 0;  // 1 << 16 x SMs: every item of any window
+  *sub_tiles = on ? std::min(t, kKvItemTokens) : 0;   // a part of >= kKvItemTokens tokens is a whole item
+}
+
+template <typename T>
+T* ptr(const DeviceBuffer& b) {
+  return static_cast<T*>(b.get());
+}
+
+int64_t env_positive(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr ? std::max<long long>(0, std::atoll(e)) : 0;
+}
+
+// Sizes the KV-major windows and their buffers; leaves the rule at kNever when the key arrays
+// would be unreasonably large (a huge batch of long requests: query-major serves it).
+void plan_kv_major(PrefillState& s, int64_t total_blocks) {
+  const int32_t group = 1 << s.group_shift;
+  const int64_t part_bytes_per_tile = static_cast<int64_t>(s.list_capacity) * group * kHeadDim * 2;
+  int64_t window = std::max<int64_t>(1, std::min<int64_t>(s.num_tiles, kKvPartialBudgetBytes / part_bytes_per_tile));
+  int64_t sub = kKvSubwindowTiles;
+  // Overrides for tests (several windows on a small problem) and tuning.
+  if (const int64_t w = env_positive("MSA_SM90_KV_WINDOW_TILES")) window = std::min(window, w);
+  if (const int64_t t = env_positive("MSA_SM90_KV_SUBWINDOW_TILES")) sub = t;
+  sub = std::min(sub, window);
+  const int64_t windows = (s.num_tiles + window - 1) / window;
+  const int64_t subs = (window + sub - 1) / sub;
+  constexpr int64_t kMaxKeys = int64_t(1) << 24;
+  if (windows * subs * total_blocks > kMaxKeys || total_blocks == 0) {
+    s.rule = KvMajorRule::kNever;
+    return;
+  }
+  s.window_tiles = static_cast<int32_t>(window);
+  s.num_windows = static_cast<int32_t>(windows);
+  s.subwindow_tiles = static_cast<int32_t>(sub);
+  s.block_keys = static_cast<int32_t>(total_blocks);
+  s.key_span = static_cast<int32_t>(subs * total_blocks);
+  s.key_stripes = key_stripes(s.key_span);
+  // Items of a window: at most one partial item per key plus one per kKvItemTokens entries.
+  s.item_capacity = static_cast<int32_t>(window * s.list_capacity / kKvItemTokens + s.key_span + 1);
+  const size_t entries = static_cast<size_t>(s.num_tiles) * s.list_capacity;
+  const size_t keys = static_cast<size_t>(windows) * s.key_span;
+  s.key_count = DeviceBuffer(keys * s.key_stripes * sizeof(int32_t));
+  s.key_offset = DeviceBuffer(keys * sizeof(int32_t));
+  s.entry_key = DeviceBuffer(entries * sizeof(int32_t));
+  s.entry_rank = DeviceBuffer(entries * sizeof(int32_t));
+  s.pairs = DeviceBuffer(entries * sizeof(int2));
+  s.items = DeviceBuffer(static_cast<size_t>(windows) * s.item_capacity * sizeof(KvWorkItem));
+  s.item_count = DeviceBuffer(static_cast<size_t>(windows) * sizeof(int32_t));
+  s.part_o = DeviceBuffer(static_cast<size_t>(window * part_bytes_per_tile));
+  s.part_lse = DeviceBuffer(static_cast<size_t>(window) * s.list_capacity * group * sizeof(float));
+  if (s.kv_tma_store) {  // part_o of one window as [rows, D]; a box = one warp's rows of one token
+    const uint64_t dims[2] = {kHeadDim, static_cast<uint64_t>(window) * s.list_capacity * group};
+    const uint64_t strides[1] = {kHeadDim * 2};
+    const uint32_t box[2] = {kHalfDim, static_cast<uint32_t>(std::min(group, 16))};
+    encode_tensor_map(&s.part_map_bf16, ScalarType::kBF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
+    encode_tensor_map(&s.part_map_f16, ScalarType::kF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
+  }
+}
+
+// Maps of q [total_q, Hq, D] (box: 64 dims x G heads x `tokens` tokens) and of a cache
+// [pages, Hkv, P, D] (box: 64 dims x 128 keys of one page and head).
+void encode_q_map(CUtensorMap* map, const AttentionParams& p, int32_t group, int32_t tokens) {
+  const uint64_t dims[3] = {kHeadDim, static_cast<uint64_t>(p.num_qo_heads), static_cast<uint64_t>(p.seqs.total_q)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(p.q_stride_head) * 2, static_cast<uint64_t>(p.q_stride_token) * 2};
+  const uint32_t box[3] = {kHalfDim, static_cast<uint32_t>(group), static_cast<uint32_t>(tokens)};
+  encode_tensor_map(map, p.dtype, 3, p.q, dims, strides, box, "q");
+}
+
+void encode_cache_map(CUtensorMap* map, const AttentionParams& p, const CacheParams& c, const char* what) {
+  const uint64_t dims[4] = {kHeadDim, static_cast<uint64_t>(c.page_size), static_cast<uint64_t>(c.num_heads),
+                            static_cast<uint64_t>(p.pages.num_pages)};
+  const uint64_t strides[3] = {static_cast<uint64_t>(c.stride_token) * 2, static_cast<uint64_t>(c.stride_head) * 2,
+                               static_cast<uint64_t>(c.stride_page) * 2};
+  const uint32_t box[4] = {kHalfDim, kBlockKeys, 1, 1};
+  encode_tensor_map(map, p.dtype, 4, c.data, dims, strides, box, what);
+}
+
+TileSchedule schedule_of(const PrefillState& s) {
+  TileSchedule t;
+  t.tile_cum = ptr<int32_t>(s.tile_cum);
+  t.num_tiles = s.num_tiles;
+  t.num_kv_heads = s.num_kv_heads;
+  t.tile_tokens = s.tile_tokens;
+  return t;
+}
+
+KvLists kv_lists_of(const PrefillState& s) {
+  KvLists L;
+  L.window_tiles = s.window_tiles;
+  L.num_windows = s.num_windows;
+  L.list_capacity = s.list_capacity;
+  L.topk = s.topk;
+  L.blk_cum = ptr<int32_t>(s.blk_cum);
+  L.subwindow_tiles = s.subwindow_tiles;
+  L.block_keys = s.block_keys;
+  L.key_span = s.key_span;
+  L.key_stripes = s.key_stripes;
+  L.key_count = ptr<int32_t>(s.key_count);
+  L.key_offset = ptr<int32_t>(s.key_offset);
+  L.entry_key = ptr<int32_t>(s.entry_key);
+  L.entry_rank = ptr<int32_t>(s.entry_rank);
+  L.pairs = ptr<int2>(s.pairs);
+  L.items = ptr<KvWorkItem>(s.items);
+  L.item_count = ptr<int32_t>(s.item_count);
+  L.item_counter = ptr<int32_t>(s.counters) + 1;
+  L.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
+  L.item_capacity = s.item_capacity;
+  L.part_o = s.part_o.get();
+  L.part_lse = ptr<float>(s.part_lse);
+  return L;
+}
+
+// qp: the query-major launch's params, whose K and V maps the KV-major kernel takes as they are (the same
+// encode_cache_map calls: two driver calls fewer on the host per run).
+void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorParams& qp, bool bf16,
+                  cudaStream_t stream) {
+  const KvLists lists = kv_lists_of(s);
+  MSA_CUDA_CHECK(cudaMemsetAsync(lists.key_count, 0, s.key_count.bytes(), stream));
+  KvListParams lp;
+  lp.seqs = p.seqs;
+  lp.sched = schedule_of(s);
+  lp.causal = s.causal;
+  lp.block_idx = p.block_idx;
+  lp.bi_stride_token = p.bi_stride_token;
+  lp.bi_stride_head = p.bi_stride_head;
+  lp.bi_stride_k = p.bi_stride_k;
+  lp.kv_major = ptr<int32_t>(s.kv_major);
+  lp.lists = lists;
+  // rank follows the memset (no PDL edge there); scan, fill and the KV-major kernel follow a kernel of
+  // this run (PDL only with pdl_kv); the merge never (PrefillState::pdl).
+  const bool kv_pdl = s.pdl && s.pdl_kv;
+  launch_kv_rank(lp, false, stream);
+  launch_kv_scan(lp, kv_pdl, stream);
+  launch_kv_fill(lp, kv_pdl, stream);
+
+  const int32_t group = 1 << s.group_shift;
+  KvMajorParams kp{};
+  encode_q_map(&kp.q_map, p, group, 1);
+  kp.k_map = qp.k_map;
+  kp.v_map = qp.v_map;
+  if (s.kv_tma_store) kp.part_map = bf16 ? s.part_map_bf16 : s.part_map_f16;
+  kp.tma_store = s.kv_tma_store ? 1 : 0;
+  kp.seqs = p.seqs;
+  kp.pages = p.pages;
+  kp.lists = lists;
+  kp.group_shift = s.group_shift;
+  kp.page_blocks = s.page_blocks;
+  kp.causal = s.causal;
+  kp.scale_log2 = p.sm_scale * kLog2e;
+  kp.tail_items = s.kv_tail_items;
+  kp.tail_sub_tiles = s.kv_tail_sub_tiles;
+
+  KvMergeParams mp;
+  mp.seqs = p.seqs;
+  mp.sched = lp.sched;
+  mp.kv_major = lp.kv_major;
+  mp.lists = lists;
+  mp.group_shift = s.group_shift;
+  mp.dtype = p.dtype;
+  mp.o = p.o;
+  mp.o_stride_token = p.o_stride_token;
+  mp.o_stride_head = p.o_stride_head;
+  mp.lse = p.lse;
+  mp.lse_stride_token = p.lse_stride_token;
+  mp.lse_stride_head = p.lse_stride_head;
+  for (int32_t w = 0; w < s.num_windows; ++w) {
+    kp.window = w;
+    mp.window = w;
+    if (bf16)
+      launch_kvmajor<true>(kp, s.sm_count, kv_pdl, stream);
+    else
+      launch_kvmajor<false>(kp, s.sm_count, kv_pdl, stream);
+    launch_kv_merge(mp, false, stream);
+  }
+}
+
+}  // namespace
+
+std::string describe(const PrefillState& s) {
+  const char* rule = s.rule == KvMajorRule::kAlways ? "always" : s.rule == KvMajorRule::kWideUnion ? "wide-union" : "never";
+  std::string out = std::string("sm90=prefill tiles=") + std::to_string(s.num_tiles) + " kvmajor=" + rule;
+  if (s.rule != KvMajorRule::kNever)
+    out += " windows=" + std::to_string(s.num_windows) + " window_tiles=" + std::to_string(s.window_tiles) +
+           (s.fork ? " concurrent" : "");
+  return out;
+}
+
+std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPlanState& dev) {
+  const AttentionConfig& c = plan.config();
+  if (c.head_dim != kHeadDim || c.dv() != kHeadDim || c.block_size != kBlockKeys) return nullptr;
+  if (c.page_size % kBlockKeys != 0) return nullptr;
+  const int group = c.group_size();
+  const int shift = log2_exact(group);
+  if (shift < 0 || group > kTileRows) return nullptr;
+  const bool sparse = c.topk > 0;
+  const int tile_tokens = kTileRows / group;
+  if (sparse && (tile_tokens > kMaxSparseTileTokens || c.topk > kMaxTopk)) return nullptr;
+  if (!configure_qmajor<true>() || !configure_qmajor<false>()) return nullptr;
+
+  auto s = std::make_shared<PrefillState>();
+  s->sm_count = dev.sm_count;
+  s->batch_size = plan.batch_size();
+  s->num_kv_heads = c.num_kv_heads;
+  s->group_shift = shift;
+  s->tile_tokens = tile_tokens;
+  s->page_blocks = c.page_size / kBlockKeys;
+  s->topk = c.topk;
+  s->causal = c.causal;
+  s->kv_tma_store = kv_tma_store();
+  s->pdl = chain_pdl();
+  s->pdl_kv = kv_chain_pdl();
+  kv_tail(dev.sm_count, &s->kv_tail_items, &s->kv_tail_sub_tiles);
+
+  // The plan's host lengths fix the workspace extents (the device lengths of a run must agree;
+  // tiles past these extents are not run, nothing is read or written out of bounds).
+  int64_t tiles = 0, blocks = 0;
+  for (int b = 0; b < plan.batch_size(); ++b) {
+    tiles += (static_cast<int64_t>(plan.qo_lens()[b]) + tile_tokens - 1) / tile_tokens * c.num_kv_heads;
+    blocks += (static_cast<int64_t>(plan.kv_lens()[b]) + kBlockKeys - 1) / kBlockKeys * c.num_kv_heads;
+  }
+  if (tiles > std::numeric_limits<int32_t>::max() / 2) return nullptr;
+  s->num_tiles = static_cast<int32_t>(tiles);
+  s->rule = sparse_rule(sparse, group);
+  if (s->rule != KvMajorRule::kNever && !(configure_kvmajor<true>() && configure_kvmajor<false>()))
+    s->rule = KvMajorRule::kNever;
+
+  const size_t B1 = static_cast<size_t>(plan.batch_size()) + 1;
+  s->tile_cum = DeviceBuffer(B1 * sizeof(int32_t));
+  s->blk_cum = DeviceBuffer(B1 * sizeof(int32_t));
+  if (sparse) {
+    s->list_capacity = tile_tokens * c.topk;
+    s->list_entries = DeviceBuffer(static_cast<size_t>(s->num_tiles) * s->list_capacity * sizeof(int2));
+    s->list_count = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
+    s->kv_major = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
+    if (s->rule != KvMajorRule::kNever && s->num_tiles > 0) plan_kv_major(*s, blocks);
+  }
+  if (s->rule == KvMajorRule::kNever) s->num_windows = 0;
+  if (s->rule != KvMajorRule::kNever && kv_concurrent()) s->fork = StreamFork(/*high_priority=*/true);
+  if (s->rule != KvMajorRule::kNever) s->qm_tiles = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
+  s->counters = DeviceBuffer(static_cast<size_t>(2 + 2 * s->num_windows) * sizeof(int32_t));
+  return s;
+}
+
+bool can_run(const PrefillState& s, const AttentionParams& p) {
+  if (p.dtype != ScalarType::kBF16 && p.dtype != ScalarType::kF16) return false;
+  if (p.head_dim != kHeadDim || p.head_dim_v != kHeadDim) return false;
+  if ((p.block_idx != nullptr) != (s.topk > 0)) return false;
+  if (!(p.sm_scale > 0.f) || !std::isfinite(p.sm_scale)) return false;  // the max is taken on raw scores
+  if (p.pages.num_pages < 1 || p.seqs.total_q >= (int64_t(1) << 30)) return false;
+  // TMA: byte strides multiples of 16 and below 2^40; o is written in 4-byte pairs (query-major kernel) and
+  // 16-byte octets (KV-major merge).
+  const auto tma_stride = [](int64_t elems) { return elems > 0 && elems % 8 == 0 && elems < (int64_t(1) << 38); };
+  if (!tma_stride(p.q_stride_token) || !tma_stride(p.q_stride_head)) return false;
+  if (p.o_stride_token % 8 != 0 || p.o_stride_head % 8 != 0) return false;
+  for (const CacheParams* c : {&p.k, &p.v}) {
+    if (c->dim != kHeadDim || c->page_size != s.page_blocks * kBlockKeys || c->num_heads != s.num_kv_heads) return false;
+    if (!tma_stride(c->stride_token) || !tma_stride(c->stride_head) || !tma_stride(c->stride_page)) return false;
+  }
+  return true;
+}
+
+void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream) {
+  if (s.num_tiles == 0 || p.seqs.total_q == 0) return;
+  const bool sparse = s.topk > 0;
+  const bool bf16 = p.dtype == ScalarType::kBF16;
+  const int32_t group = 1 << s.group_shift;
+
+  launch_tile_schedule(p.seqs, s.tile_tokens, s.num_kv_heads, ptr<int32_t>(s.tile_cum), ptr<int32_t>(s.blk_cum),
+                       ptr<int32_t>(s.counters), 2 + 2 * s.num_windows, stream);
+
+  QMajorParams qp{};
+  encode_q_map(&qp.q_map, p, group, s.tile_tokens);
+  encode_cache_map(&qp.k_map, p, p.k, "k_cache");
+  encode_cache_map(&qp.v_map, p, p.v, "v_cache");
+  qp.seqs = p.seqs;
+  qp.pages = p.pages;
+  qp.sched = schedule_of(s);
+  qp.tile_counter = ptr<int32_t>(s.counters);
+  qp.group_shift = s.group_shift;
+  qp.page_blocks = s.page_blocks;
+  qp.causal = s.causal;
+  qp.scale_log2 = p.sm_scale * kLog2e;
+  qp.o = p.o;
+  qp.o_stride_token = p.o_stride_token;
+  qp.o_stride_head = p.o_stride_head;
+  qp.lse = p.lse;
+  qp.lse_stride_token = p.lse_stride_token;
+  qp.lse_stride_head = p.lse_stride_head;
+
+  if (sparse) {
+    TileListParams lp;
+    lp.seqs = p.seqs;
+    lp.sched = qp.sched;
+    lp.causal = s.causal;
+    lp.block_idx = p.block_idx;
+    lp.bi_stride_token = p.bi_stride_token;
+    lp.bi_stride_head = p.bi_stride_head;
+    lp.bi_stride_k = p.bi_stride_k;
+    lp.topk = s.topk;
+    lp.rule = s.rule;
+    lp.entries = ptr<int2>(s.list_entries);
+    lp.count = ptr<int32_t>(s.list_count);
+    lp.kv_major = ptr<int32_t>(s.kv_major);
+    lp.capacity = s.list_capacity;
+    if (s.num_windows > 0) {
+      lp.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
+      lp.window_tiles = s.window_tiles;
+    }
+    if (s.qm_tiles.get() != nullptr) {
+      lp.qm_tiles = ptr<int32_t>(s.qm_tiles);
+      lp.qm_count = ptr<int32_t>(s.counters) + 1 + 2 * s.num_windows;
+    }
+    launch_tile_lists(lp, s.pdl, stream);
+    qp.lists.entries = lp.entries;
+    qp.lists.count = lp.count;
+    qp.lists.kv_major = lp.kv_major;
+    qp.lists.capacity = lp.capacity;
+    qp.lists.qm_tiles = lp.qm_tiles;
+    qp.lists.qm_count = lp.qm_count;
+  }
+
+  const bool kv_path = sparse && s.rule != KvMajorRule::kNever;
+  const bool concurrent = kv_path && static_cast<bool>(s.fork);
+  if (concurrent) s.fork.fork(stream);
+  // The query-major kernel follows the lists on the caller's stream, with PDL, and the KV-major launches go to
+  // the side stream when forked: there the first of them (a memset) follows the fork's event wait either way.
+  // With the query-major kernel on the side stream instead (until the seventeenth session) its predecessor was
+  // that event wait, so it had no PDL edge: M3-TP4 P-chunk `shared`, whose KV-major launches find nothing to
+  // do, ran 133.1 us against 130.6-130.8 with the query-major path alone (docs/prefill.md).
+  const cudaStream_t kv_stream = concurrent ? s.fork.side() : stream;
+  const int grid = std::min(s.sm_count, s.num_tiles);
+  try {
+    if (bf16)
+      launch_qmajor<true>(sparse, qp, grid, s.pdl, stream);
+    else
+      launch_qmajor<false>(sparse, qp, grid, s.pdl, stream);
+    if (kv_path) run_kv_major(s, p, qp, bf16, kv_stream);
+  } catch (...) {
+    if (concurrent) s.fork.join_after_error(stream);
+    throw;
+  }
+  if (concurrent) s.fork.join(stream);
+}
+
+}  // namespace msa::detail::cuda::sm90

@@ -1,0 +1,515 @@
+// Query-major sparse / dense paged prefill for sm_90a: TMA + wgmma, warp-specialized.
+//
+// One CTA per SM walks work tiles (request, KV head, 128/G tokens) fetched from an atomic counter.
+// Warpgroup 0 is the producer: warp 1 (the scheduler) claims the next tile, loads its Q (two
+// 128B-swizzled boxes of 64 dims) and resolves its first blocks' pages while warp 0 loads, for every
+// KV block of the current tile, its K and V (one box per 64 dims of a 128-key page slice) into
+// mbarrier rings (kQStages Q tiles, kStages K blocks, kVStages V blocks). Warpgroups 1 and 2 are
+// consumers of 64 rows each:
+//   S = Q K^T (8 x wgmma m64n128k16, smem x smem), mask, online softmax in registers,
+//   O += P V   (8 x wgmma m64n128k16, P from registers, V MN-major),
+// with the QK^T of block i issued before the PV of block i-1 so that the softmax of one block runs
+// while the tensor cores work on the other (FlashAttention-3's intra-warpgroup overlap), and across
+// tiles: the next tile's first QK^T goes out with this tile's last PV (its Q is in the other buffer),
+// its first softmax runs while that PV does, and this tile's o is written after.
+//
+// The block list of a tile: dense = 0 .. last block of the causal frontier; sparse = the sorted
+// union of the tile tokens' valid selections with a token bitmask per block (schedule.cu).
+// Masking is one key limit per row and block: keys [block*128, block*128 + limit) are visible.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/arch/pdl.cuh"
+#include "cuda/prefill_sm90/config.h"
+#include "cuda/prefill_sm90/consumer_math.cuh"
+#include "cuda/prefill_sm90/params.h"
+#include "cuda/prefill_sm90/qmajor_trace.cuh"
+#include "cuda/prefill_sm90/sync.cuh"
+#include "cuda/prefill_sm90/tile_common.cuh"
+
+namespace msa::detail::cuda::sm90 {
+
+// What the producer tells the consumers about a stage: the block, which tile tokens selected it,
+// and whether its page exists (for an invalid page the producer loads page 0; the consumers mask
+// every key and zero its V).
+struct StageInfo {
+  int32_t block;
+  uint32_t tokens;
+  int32_t valid;
+  int32_t unused;
+};
+
+struct TileInfo {
+  int32_t tile;  // -1: no more work
+  int32_t nblocks;
+  int32_t request, chunk, kv_head;
+  int32_t qo_start, qo_len, kv_len, offset;
+};
+
+// One entry of the scheduler's hand-over: a block of the next tile's list, its page and its tokens.
+struct AheadEntry {
+  int32_t block;
+  int32_t page;
+  uint32_t tokens;
+};
+
+struct alignas(1024) QMajorSmem {
+  uint8_t q[kQStages][kTileBytes];
+  uint8_t k[kStages][kTileBytes];
+  uint8_t v[kVStages][kTileBytes];
+  uint64_t q_full[kQStages], q_empty[kQStages];
+  uint64_t k_full[kStages], k_empty[kStages];
+  uint64_t v_full[kVStages], v_empty[kVStages];
+  StageInfo stage[kStages];  // beside K stage i: the block it holds
+  TileInfo tile[kQStages];   // beside Q buffer i: the tile it holds
+  uint64_t ahead_full, ahead_go;  // scheduler -> warp 0: a tile handed over; warp 0 -> scheduler: claim the next
+                                  // (32 arrivals each: every lane after its own accesses)
+  AheadEntry ahead[32];           // the handed-over tile's first 32 blocks
+};
+// + 1 KiB to align the dynamic shared memory base to 1024 B (128B-swizzle atoms).
+inline constexpr int kQMajorSmemBytes = static_cast<int>(sizeof(QMajorSmem)) + 1024;
+static_assert(kQMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared memory per CTA");
+
+#ifdef MSA_SM90A_DEVICE
+
+// ---------------------------------------------------------------------------------------------
+// Tile claims (warp 1 of the producer warpgroup, "the scheduler"): the next tile's claim, record, Q
+// and the first 32 entries of its block list with their pages, while warp 0 still issues the current
+// tile's K/V. Warp 0 did this itself after a tile's last block: ~5 dependent trips (the claim, the
+// KV-major flag, lengths and count, list entries, pages; ~3-4 us) against the ~3 block-steps
+// (~5.6 us) the consumers still held, a bubble whenever the trips ran long; a 16-block `shared`
+// tile pays it every 16 block-steps. The scheduler starts the next claim when warp 0 issues the
+// current tile's block nblocks - kTileLookaheadBlocks (not earlier: a tile claimed early waits on a
+// busy CTA while another goes idle at the end of the grid).
+template <bool kSparse>
+__device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSmem& s) {
+  const int lane = threadIdx.x & 31;
+  const int32_t group = 1 << p.group_shift;
+  const int32_t tile_tokens = p.sched.tile_tokens;
+  // The claim's reads go out in as few dependent rounds as their dependences allow: (the claim, the live
+  // tile count, the listed count), (everything indexed by the tile: its KV-major flag, block count, first
+  // 32 list entries read before the count is known, and tile_cum), (the request's lengths), (its pages),
+  // with the tile's Q issued once its tokens are known, before the pages. One read after another they
+  // took ~4.5 us from the PDL wait to the first Q at M3-TP4 P-chunk `shared` (qmajor_trace.cuh,
+  // bench/results/traces/qmajor-trace-20261130-1772c72.txt), ~9 dependent trips for every CTA's first tile;
+  // in rounds the row ran 131.3-131.5 -> 130.27 us (prefill-20261130-09f6018-claim-rounds-ab.md). Two rounds
+  // fewer (a CTA's first claim its own index, request 0's lengths read before the PDL wait) measured slower:
+  // prefill-20261130-5e577ca-static-first-claim-ab.md (the first Q and K loads, ~3 us each on a cold L2, are
+  // what the first tile waits for).
+  const int32_t live = live_tiles(p.sched, p.seqs.batch_size);
+  // Sparse with a KV-major path: when fewer than half the tiles are query-major, claims index the
+  // compacted list of them (one trip more than a tile index, against a flag read per claimed KV-major
+  // tile: M3-TP1 P-chunk `random`, no query-major tile, 1040 -> 1032 us). Otherwise tile order: the list
+  // is in the order the tile-list warps finished, and tiles claimed out of order share fewer blocks
+  // with the tiles running beside them (M3-TP1 P-chunk `shared`, 472 -> 490 us, `clustered` 764 -> 777
+  // when claimed from the list).
+  const int32_t listed_count = kSparse && p.lists.qm_tiles != nullptr ? *p.lists.qm_count : live;
+  for (uint32_t q_it = 0;; ++q_it) {
+    if (q_it > 0) barrier_wait(&s.ahead_go, (q_it - 1) & 1);  // warp 0 read the previous hand-over
+    TileInfo ti{};
+    ti.tile = -1;
+    AheadEntry e{0, -1, 0u};
+    for (;;) {  // until a query-major tile or the end: sparse tiles flagged KV-major belong to the other kernel
+      int32_t claim = 0;
+      if (lane == 0) claim = atomicAdd(p.tile_counter, 1);
+      claim = __shfl_sync(~0u, claim, 0);
+      const bool listed = 2 * listed_count < live;
+      const int32_t tile = !listed ? claim : claim < listed_count ? p.lists.qm_tiles[claim] : live;
+      if (tile >= live) break;
+      int32_t flagged = 0, count = 0;
+      int2 x{0, 0};
+      if constexpr (kSparse) {
+        if (!listed) flagged = p.lists.kv_major[tile];
+        count = p.lists.count[tile];
+        if (lane < p.lists.capacity) x = p.lists.entries[static_cast<int64_t>(tile) * p.lists.capacity + lane];
+      }
+      const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
+      const SeqView v = load_seq(p.seqs, c.request);
+      if (flagged != 0) continue;
+      ti = TileInfo{tile, 0, c.request, c.chunk, c.kv_head, v.qo_start, v.qo_len, v.kv_len, v.offset};
+      if constexpr (kSparse) {
+        ti.nblocks = min(max(count, 0), p.lists.capacity);
+        if (lane < ti.nblocks) e = AheadEntry{x.x, -1, static_cast<uint32_t>(x.y)};
+      } else {
+        const int32_t last = min((c.chunk + 1) * tile_tokens, v.qo_len) - 1;
+        ti.nblocks = num_kv_blocks(visible_key_end(v, last, p.causal));
+        if (lane < ti.nblocks) e = AheadEntry{lane, -1, ~0u};
+      }
+      break;
+    }
+    if (lane == 0) {  // the record and the Q of buffer q_it % kQStages, before the page reads below
+      const uint32_t qb = q_it % kQStages, qph = (q_it / kQStages) & 1;
+      barrier_wait(&s.q_empty[qb], qph ^ 1);
+      s.tile[qb] = ti;
+      if (ti.tile >= 0 && ti.nblocks > 0) {
+        const int32_t tok0 = ti.qo_start + ti.chunk * tile_tokens;
+        barrier_arrive_expect(&s.q_full[qb], kTileBytes);
+        tma_load_3d(s.q[qb], &p.q_map, 0, ti.kv_head * group, tok0, &s.q_full[qb]);
+        tma_load_3d(s.q[qb] + kHalfTileBytes, &p.q_map, kHalfDim, ti.kv_head * group, tok0, &s.q_full[qb]);
+      } else {
+        barrier_arrive(&s.q_full[qb]);
+      }
+    }
+    if (ti.tile >= 0 && lane < ti.nblocks) e.page = physical_page(p.pages, ti.request, e.block / p.page_blocks);
+    s.ahead[lane] = e;
+    barrier_arrive(&s.ahead_full);  // each lane after its own writes (32 arrivals)
+    if (ti.tile < 0) break;
+  }
+}
+
+// Before the PDL wait (the scheduler warp): the L2 prefetch of the input lines that the first claims read after
+// it, the requests' lengths and the first page-table lines (dense: request 0's row; flat: the table's start), up
+// to 32 lines. Inputs only: the caller's work that wrote them finished before this run's first kernel (launched
+// without PDL) began, so they may be read before the wait.
+__device__ __forceinline__ void qmajor_prewait_prefetch(const QMajorParams& p, int lane) {
+  const SeqParams& q = p.seqs;
+  if (lane * 32 <= q.batch_size && lane < 4) {
+    prefetch_l2(q.qo_indptr + lane * 32);
+    if (lane * 32 < q.batch_size) {
+      prefetch_l2(q.kv_lens + lane * 32);
+      if (q.qo_offset) prefetch_l2(q.qo_offset + lane * 32);
+    }
+    if (p.pages.indptr) prefetch_l2(p.pages.indptr + lane * 32);
+  }
+  const int64_t entries = p.pages.indptr ? p.pages.row_capacity : min(p.pages.row_capacity, p.pages.row_stride);
+  if (static_cast<int64_t>(lane) * 32 < entries) prefetch_l2(p.pages.table + lane * 32);
+}
+
+// K/V loads (warp 0 of the producer warpgroup). Lane 0 issues everything; the warp resolves 32 blocks'
+// pages at a time (the first 32 of a tile come resolved from the scheduler).
+template <bool kSparse>
+__device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSmem& s) {
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) tma_prefetch_qkv_maps(p);
+  uint32_t it = 0;  // blocks issued so far
+  for (uint32_t q_it = 0;; ++q_it) {
+    barrier_wait(&s.ahead_full, q_it & 1);
+    const TileInfo& rec = s.tile[q_it % kQStages];
+    const int32_t tile = rec.tile, nblocks = rec.nblocks, request = rec.request, kv_head = rec.kv_head;
+    const AheadEntry first = s.ahead[lane];
+    if (tile < 0) break;
+    // Each lane's arrival on ahead_go lets the scheduler overwrite the hand-over (read above).
+    const int32_t trigger = max(nblocks - kTileLookaheadBlocks, 0);
+    if (nblocks == 0) barrier_arrive(&s.ahead_go);
+    for (int32_t i0 = 0; i0 < nblocks; i0 += 32) {
+      int32_t block = first.block, page = first.page;
+      uint32_t tokens = first.tokens;
+      if (i0 > 0) {
+        block = 0, page = -1, tokens = 0;
+        if (i0 + lane < nblocks) {
+          if constexpr (kSparse) {
+            const int2 e = p.lists.entries[static_cast<int64_t>(tile) * p.lists.capacity + i0 + lane];
+            block = e.x;
+            tokens = static_cast<uint32_t>(e.y);
+          } else {
+            block = i0 + lane;
+            tokens = ~0u;
+          }
+          page = physical_page(p.pages, request, block / p.page_blocks);
+        }
+      }
+      const int32_t n = min(32, nblocks - i0);
+      for (int32_t j = 0; j < n; ++j, ++it) {
+        const int32_t blk = __shfl_sync(~0u, block, j);
+        const int32_t pg = __shfl_sync(~0u, page, j);
+        const uint32_t tok = __shfl_sync(~0u, tokens, j);
+        const int32_t key0 = (blk % p.page_blocks) * kBlockKeys;
+        const int32_t pc = pg >= 0 ? pg : 0;  // no page: load page 0, the consumers mask it all
+        if (lane == 0) {
+          const uint32_t st = it % kStages, ph = (it / kStages) & 1;
+          barrier_wait(&s.k_empty[st], ph ^ 1);
+          s.stage[st] = StageInfo{blk, tok, pg >= 0, 0};
+          barrier_arrive_expect(&s.k_full[st], kTileBytes);
+          tma_load_4d(s.k[st], &p.k_map, 0, key0, kv_head, pc, &s.k_full[st]);
+          tma_load_4d(s.k[st] + kHalfTileBytes, &p.k_map, kHalfDim, key0, kv_head, pc, &s.k_full[st]);
+        }
+        // Every lane arrives (32 arrivals) after its own read of the hand-over, as the consumers release
+        // their buffers: compute-sanitizer's racecheck sees the order (one lane's arrival after a
+        // __syncwarp was reported as a race, though the shuffles above had consumed every lane's read).
+        if (i0 + j == trigger) barrier_arrive(&s.ahead_go);
+        if (lane == 0) {
+          const uint32_t vs = it % kVStages, vph = (it / kVStages) & 1;
+          // V block j's stage frees when PV(j - 2) completes, which the consumers reach before they wait
+          // for K(j): this wait never holds back a K the consumers need.
+          barrier_wait(&s.v_empty[vs], vph ^ 1);
+          barrier_arrive_expect(&s.v_full[vs], kTileBytes);
+          tma_load_4d(s.v[vs], &p.v_map, 0, key0, kv_head, pc, &s.v_full[vs]);
+          tma_load_4d(s.v[vs] + kHalfTileBytes, &p.v_map, kHalfDim, key0, kv_head, pc, &s.v_full[vs]);
+        }
+      }
+    }
+  }
+}
+
+template <bool kBf16, bool kSparse>
+__device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSmem& s, int wg MSA_QTRACE_PARAM) {
+  using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  const int tid = threadIdx.x & 127;
+  const int lane = tid & 31;
+  const int t = lane & 3;
+  const int32_t group = 1 << p.group_shift;
+  const int32_t tile_tokens = p.sched.tile_tokens;
+  int32_t tok_in_tile[2], head_in_group[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = wg * kWarpgroupRows + (tid >> 5) * 16 + (lane >> 2) + 8 * h;
+    tok_in_tile[h] = row >> p.group_shift;
+    head_in_group[h] = row & (group - 1);
+  }
+  const uint32_t k_base = smem_u32(s.k[0]);
+  const uint32_t v_base = smem_u32(s.v[0]);
+  uint32_t it = 0, q_it = 0;  // blocks and tiles taken so far (the producer's order)
+
+  // Ping-pong (FlashAttention-3): the two consumer warpgroups take turns issuing their wgmma batches,
+  // so that one's softmax runs while the other's products occupy the tensor cores. Warpgroup c issues
+  // after barrier kIssueBarrier + c completes (its own 128 threads + the other's 128 arrivals) and
+  // then arrives on the other's; warpgroup 1 pre-arrives once so that warpgroup 0 starts. Both
+  // warpgroups walk the same tiles and blocks, so their issue sections pair up one to one.
+  const uint32_t my_turn = kIssueBarrier + wg, other_turn = kIssueBarrier + (wg ^ 1);
+  if (wg == 1) named_barrier_arrive(kIssueBarrier, 2 * 128);
+  auto issue_begin = [&] { named_barrier_sync(my_turn, 2 * 128); };
+  auto issue_end = [&] { named_barrier_arrive(other_turn, 2 * 128); };
+
+  // The record of tile q_it (its Q is in buffer q_it % kQStages once q_full completes, if it has blocks).
+  auto fetch = [&] {
+    barrier_wait(&s.q_full[q_it % kQStages], (q_it / kQStages) & 1);
+    return s.tile[q_it % kQStages];
+  };
+  auto release_q = [&] { barrier_arrive(&s.q_empty[q_it % kQStages]); };
+  auto q_addr_of = [&] { return smem_u32(s.q[q_it % kQStages]) + wg * kWarpgroupRows * 128; };
+  struct Rows {
+    int32_t qi[2], kv_end[2];
+  };
+  auto rows_of = [&](const TileInfo& ti) {
+    const SeqView seq{ti.qo_start, ti.qo_len, ti.kv_len, ti.offset};
+    Rows r;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      r.qi[h] = ti.chunk * tile_tokens + tok_in_tile[h];
+      r.kv_end[h] = visible_key_end(seq, r.qi[h], p.causal);
+    }
+    return r;
+  };
+  auto limits = [&](const Rows& rw, const StageInfo& si, int32_t (&lim)[2]) {
+    const int64_t key0 = static_cast<int64_t>(si.block) * kBlockKeys;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      bool sel = si.valid != 0;
+      if constexpr (kSparse) sel = sel && ((si.tokens >> tok_in_tile[h]) & 1u);
+      lim[h] = sel ? static_cast<int32_t>(clamp64(rw.kv_end[h] - key0, 0, kBlockKeys)) : 0;
+    }
+  };
+  // V rows that must not enter the PV product: keys at or past kv_len of the request's last block,
+  // and all of an invalid page's (P is 0 there, but 0 * NaN is NaN). The PV wgmma itself is never
+  // skipped (a branch around it would make ptxas serialize every wgmma of the kernel).
+  auto fix_v = [&](const TileInfo& ti, const StageInfo& si, uint32_t vs) {
+    const int64_t first = si.valid ? static_cast<int64_t>(ti.kv_len) - static_cast<int64_t>(si.block) * kBlockKeys : 0;
+    if (first < kBlockKeys) zero_v_rows(s.v[vs], static_cast<int32_t>(first));
+  };
+
+  float o[64], sc[64];
+  float m[2], l[2], alpha[2];
+  uint32_t pf[32];
+  int32_t lim[2];
+  // QK^T of the K in stage st with PV of the V in stage vs (P of the previous block in pf), in this
+  // warpgroup's issue turn; returns with the scores complete and the PV in flight.
+  auto issue_qk_pv = [&](uint32_t q_addr, uint32_t st, uint32_t vs) {
+    issue_begin();
+    wgmma_fence();
+    issue_qk<kBf16>(sc, q_addr, k_base + st * kTileBytes);
+    issue_pv<kBf16>(o, pf, v_base + vs * kTileBytes);
+    issue_end();
+    fence_regs(pf);
+    wgmma_wait<1>();
+    fence_regs(sc);
+  };
+  // After issue_qk_pv: K stage st released, the scores masked and taken into the softmax state (m, l,
+  // alpha) while the PV runs, then the PV's completion and V stage vs released.
+  auto softmax_under_pv = [&](const Rows& rw, const StageInfo& si, uint32_t st, uint32_t vs, float (&mm)[2],
+                              float (&ll)[2], float (&aa)[2]) {
+    barrier_arrive(&s.k_empty[st]);
+    limits(rw, si, lim);
+    mask_scores(sc, lim, t);
+    softmax_block(sc, mm, ll, aa, p.scale_log2);
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pf);
+    barrier_arrive(&s.v_empty[vs]);
+  };
+  // Epilogue of a tile: o = O / l (0 when nothing is visible), lse = ln(sum exp(s)) (-inf when nothing is).
+  auto epilogue = [&](const TileInfo& ti, const Rows& rw) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(~0u, l[h], 1);
+      l[h] += __shfl_xor_sync(~0u, l[h], 2);
+      if (rw.qi[h] >= ti.qo_len) continue;
+      const int64_t tok = static_cast<int64_t>(ti.qo_start) + rw.qi[h];
+      const int64_t head = static_cast<int64_t>(ti.kv_head) * group + head_in_group[h];
+      // l >= 1 when a key is visible (the row max weighs 1): the SFU's 1/l and log2 (sync.cuh), not the
+      // IEEE division's slow-path call, on the path from a tile's last PV to the next tile.
+      const float inv = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
+      Elem* dst = static_cast<Elem*>(p.o) + tok * p.o_stride_token + head * p.o_stride_head + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      if (p.lse != nullptr && t == 0)
+        p.lse[tok * p.lse_stride_token + head * p.lse_stride_head] =
+            l[h] > 0.f ? (m[h] + fast_log2(l[h])) * 0.69314718055994531f : -INFINITY;
+    }
+  };
+  auto reset = [&] {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+  };
+
+  // Every consumer thread arrives on every empty barrier after its own last read of that buffer
+  // and of the record beside it (s.tile, s.stage): see "Barrier protocol" in docs/prefill.md.
+  TileInfo ti = fetch();
+  MSA_QTRACE(mark(2));
+  bool started = false;  // block 0 of ti went out at the previous tile's end (its softmax is taken)
+  StageInfo prev{};      // the record of the block whose PV is pending
+  while (ti.tile >= 0) {
+    const Rows rw = rows_of(ti);
+    if (ti.nblocks == 0) {
+      release_q();
+      reset();
+      epilogue(ti, rw);
+      MSA_QTRACE(done(q_it));
+      ++q_it;
+      ti = fetch();
+      continue;
+    }
+    const uint32_t q_addr = q_addr_of();
+    if (!started) {  // the tile's first QK^T alone
+      reset();
+      const uint32_t st = it % kStages, ph = (it / kStages) & 1;
+      barrier_wait(&s.k_full[st], ph);
+      if (q_it == 0) MSA_QTRACE(mark(3));
+      prev = s.stage[st];
+      issue_begin();
+      wgmma_fence();
+      issue_qk<kBf16>(sc, q_addr, k_base + st * kTileBytes);
+      issue_end();
+      MSA_QTRACE(issued(q_it));
+      wgmma_wait<0>();
+      fence_regs(sc);
+      if (ti.nblocks == 1) release_q();
+      barrier_arrive(&s.k_empty[st]);
+      limits(rw, prev, lim);
+      mask_scores(sc, lim, t);
+      softmax_block(sc, m, l, alpha, p.scale_log2);
+      scores_to_operand<kBf16>(sc, pf);
+    }
+    for (int32_t i = 1; i < ti.nblocks; ++i) {
+      const uint32_t st = (it + i) % kStages, ph = ((it + i) / kStages) & 1;
+      const uint32_t pvs = (it + i - 1) % kVStages, pvph = ((it + i - 1) / kVStages) & 1;
+      barrier_wait(&s.k_full[st], ph);
+      const StageInfo cur = s.stage[st];
+      // V of the previous block was loaded before this K: waiting here costs nothing, and keeps the
+      // tail fix (a barrier of both warpgroups) outside the issue sections.
+      barrier_wait(&s.v_full[pvs], pvph);
+      fix_v(ti, prev, pvs);
+      issue_qk_pv(q_addr, st, pvs);
+      if (i == ti.nblocks - 1) release_q();
+      softmax_under_pv(rw, cur, st, pvs, m, l, alpha);
+      rescale(o, alpha);
+      scores_to_operand<kBf16>(sc, pf);
+      prev = cur;
+    }
+    // The tile's last PV is pending (pf, prev). The next tile's record: the scheduler claimed it and
+    // loaded its Q into the other buffer while this tile's last kTileLookaheadBlocks blocks were issued.
+    const uint32_t lvs = (it + ti.nblocks - 1) % kVStages, lvph = ((it + ti.nblocks - 1) / kVStages) & 1;
+    it += ti.nblocks;
+    ++q_it;
+    const TileInfo nx = fetch();
+    barrier_wait(&s.v_full[lvs], lvph);
+    fix_v(ti, prev, lvs);
+    if (nx.tile >= 0 && nx.nblocks > 0) {
+      // The next tile's first QK^T with this tile's last PV; its softmax (fresh state) while the PV runs.
+      const Rows nrw = rows_of(nx);
+      const uint32_t st = it % kStages, ph = (it / kStages) & 1;
+      barrier_wait(&s.k_full[st], ph);
+      const StageInfo cur = s.stage[st];
+      issue_qk_pv(q_addr_of(), st, lvs);
+      MSA_QTRACE(issued(q_it));
+      if (nx.nblocks == 1) release_q();
+      float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f}, alpha2[2];
+      softmax_under_pv(nrw, cur, st, lvs, m2, l2, alpha2);
+      epilogue(ti, rw);
+      MSA_QTRACE(done(q_it - 1));
+      reset();  // the next tile's O starts at 0, its softmax state is the one just taken
+      m[0] = m2[0], m[1] = m2[1];
+      l[0] = l2[0], l[1] = l2[1];
+      scores_to_operand<kBf16>(sc, pf);
+      prev = cur;
+      started = true;
+    } else {
+      issue_begin();
+      wgmma_fence();
+      issue_pv<kBf16>(o, pf, v_base + lvs * kTileBytes);
+      issue_end();
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pf);
+      barrier_arrive(&s.v_empty[lvs]);
+      epilogue(ti, rw);
+      MSA_QTRACE(done(q_it - 1));
+      started = false;
+    }
+    ti = nx;
+  }
+}
+
+#endif  // MSA_SM90A_DEVICE
+
+template <bool kBf16, bool kSparse>
+__global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __grid_constant__ QMajorParams p) {
+#ifdef MSA_SM90A_DEVICE
+  MSA_QTRACE_DECL;
+  MSA_QTRACE(begin());
+  if (threadIdx.x / 32 == 1) qmajor_prewait_prefetch(p, threadIdx.x & 31);
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  MSA_QTRACE(mark(1));
+  allow_dependent_launch();
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+  QMajorSmem& s = *reinterpret_cast<QMajorSmem*>(smem_raw + pad);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kQStages; ++i) {
+      barrier_init(&s.q_full[i], 1);
+      barrier_init(&s.q_empty[i], kConsumerThreads);
+    }
+    for (int i = 0; i < kStages; ++i) {
+      barrier_init(&s.k_full[i], 1);
+      barrier_init(&s.k_empty[i], kConsumerThreads);
+    }
+    for (int i = 0; i < kVStages; ++i) {
+      barrier_init(&s.v_full[i], 1);
+      barrier_init(&s.v_empty[i], kConsumerThreads);
+    }
+    barrier_init(&s.ahead_full, 32);
+    barrier_init(&s.ahead_go, 32);
+    barrier_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    regs_decrease<kProducerRegs>();
+    if (threadIdx.x < 32) qmajor_producer<kSparse>(p, s);
+    else if (threadIdx.x < 64) qmajor_scheduler<kSparse>(p, s);
+  } else {
+    regs_increase<kConsumerRegs>();
+    qmajor_consumer<kBf16, kSparse>(p, s, wg - 1 MSA_QTRACE_ARG);
+    MSA_QTRACE(end());
+  }
+#endif
+}
+
+}  // namespace msa::detail::cuda::sm90
