@@ -14,8 +14,8 @@ std::shared_ptr<PlanState> make_plan_state(const Plan& plan) {
   s->cc = compute_capability(s->device);
   MSA_CHECK(s->cc >= 80, kNotImplemented, "msa.plan: device ", device_name(plan.device()),
             " has compute capability ", s->cc / 10, ".", s->cc % 10, "; msa's kernels need 8.0 or newer");
-  if (plan.phase() == Phase::kPrefill && s->cc == 90) s->sm90_prefill = sm90::make_prefill_state(plan, *s);
-  s->paged = paged::make_state(plan, *s);
+  if (plan.phase() == Phase::kPrefill && s->cc == 90) s->sm90_prefill = prefill_sm90::make_prefill_state(plan, *s);
+  s->paged = decode::make_state(plan, *s);
   return s;
 }
 
@@ -23,8 +23,8 @@ std::string CudaPlanState::describe() const {
   // The Hopper prefill kernels first when they apply (a run with parameters they do not take falls
   // back to the paged family, listed after them).
   std::string out = "device=" + std::to_string(device) + " sm=" + std::to_string(cc);
-  if (sm90_prefill) out += " " + sm90::describe(*sm90_prefill);
-  if (paged) out += " " + paged::describe(*paged);
+  if (sm90_prefill) out += " " + prefill_sm90::describe(*sm90_prefill);
+  if (paged) out += " " + decode::describe(*paged);
   return out;
 }
 
@@ -33,11 +33,11 @@ void attention(const Plan& plan, const AttentionParams& p, void* stream) {
   const auto& s = static_cast<const CudaPlanState&>(*plan.state());
   DeviceGuard guard(s.device);
   auto st = static_cast<cudaStream_t>(stream);
-  if (s.sm90_prefill && sm90::can_run(*s.sm90_prefill, p)) {
-    sm90::run_prefill(*s.sm90_prefill, plan, p, st);
+  if (s.sm90_prefill && prefill_sm90::can_run(*s.sm90_prefill, p)) {
+    prefill_sm90::run_prefill(*s.sm90_prefill, plan, p, st);
     return;
   }
-  paged::run(*s.paged, plan, p, st);
+  decode::run(*s.paged, plan, p, st);
 }
 
 }  // namespace msa::detail::cuda

@@ -8,10 +8,10 @@
 
 namespace msa::detail::cuda {
 
-namespace paged {
+namespace decode {
 struct State;  // src/cuda/decode/: decode (sm_80+ general kernel, sm_90 token kernel) and the portable prefill
 }
-namespace sm90 {
+namespace prefill_sm90 {
 struct PrefillState;  // src/cuda/prefill_sm90/: Hopper prefill (TMA + wgmma, sm_90a)
 }
 
@@ -19,24 +19,24 @@ struct CudaPlanState : PlanState {
   int device = 0;
   int sm_count = 0;
   int cc = 0;  // compute capability, major * 10 + minor
-  std::shared_ptr<paged::State> paged;
-  std::shared_ptr<sm90::PrefillState> sm90_prefill;  // null when the Hopper kernels do not apply
+  std::shared_ptr<decode::State> paged;
+  std::shared_ptr<prefill_sm90::PrefillState> sm90_prefill;  // null when the Hopper kernels do not apply
   std::string describe() const override;
 };
 
 // Kernel-family entry points (each defined in its folder).
-namespace paged {
+namespace decode {
 std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev);
 void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream);
 std::string describe(const State& s);  // "paged=token splits=.. merge=.." / "paged=general rows=.. .."
-}  // namespace paged
-namespace sm90 {
+}  // namespace decode
+namespace prefill_sm90 {
 // Null when this plan is not served by the Hopper prefill kernels (arch, head dim, dtype...).
 std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPlanState& dev);
 // False when these particular params fall back to the paged family (e.g. an unsupported dtype).
 bool can_run(const PrefillState& s, const AttentionParams& p);
 void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream);
 std::string describe(const PrefillState& s);  // "sm90=prefill kvmajor=never|always|wide-union .."
-}  // namespace sm90
+}  // namespace prefill_sm90
 
 }  // namespace msa::detail::cuda

@@ -9,7 +9,7 @@
 #include <climits>
 #include <cstdint>
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 constexpr int32_t kNoEntry = INT_MAX;  // sorts last
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -128,4 +128,4 @@ __device__ int compact_runs(const int32_t* keys, int n, int32_t* blk, uint64_t* 
   return total;
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

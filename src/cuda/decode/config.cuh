@@ -20,7 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 constexpr int kBlock = 128;           // tokens per selectable block (the contract's block)
 constexpr int kMaxTileTokens = 64;    // tokens per tile: one bit each in a 64-bit mask per block
@@ -116,4 +116,4 @@ __host__ __device__ inline SmemLayout smem_layout(int num_stages, int list_cap) 
   return s;
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -35,7 +35,7 @@
 #include "cuda/decode/request.cuh"
 #include "cuda/decode/split_merge.cuh"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 // int32 slots of SmemLayout::scratch past the 32 the scan uses.
 constexpr int kScratchTileReq = 40;
@@ -643,4 +643,4 @@ const void* kernel_for_rows(int rows) {
   }
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

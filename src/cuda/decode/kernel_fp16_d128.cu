@@ -1,6 +1,6 @@
 // Instances of the paged kernel for fp16, head dim 128 (rows 16, 64, 128).
 #include "cuda/decode/kernel.cuh"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 template const void* kernel_for_rows<__half, 128>(int);
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -6,7 +6,7 @@
 
 #include "core/params.h"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 // What a decode CTA prefetches into the L2 before its PDL wait (KernelParams::prewait_prefetch, a bitmask;
 // MSA_PAGED_PREFETCH), and at most how many page-table entries (64 lines of 128 bytes, two per lane of warp 0:
@@ -57,4 +57,4 @@ struct KernelParams {
   uint32_t* counters = nullptr;
 };
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -1,6 +1,6 @@
 #include "cuda/decode/kernel_table.h"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 namespace {
 template <typename T>
@@ -22,4 +22,4 @@ const void* kernel_entry(ScalarType dtype, int head_dim, int rows) {
   }
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

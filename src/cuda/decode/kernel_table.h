@@ -7,7 +7,7 @@
 
 #include "core/params.h"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 // Defined in kernel.cuh; explicitly instantiated in kernel_<dtype>_d<D>.cu.
 template <typename T, int D>
@@ -27,4 +27,4 @@ const void* kernel_entry(ScalarType dtype, int head_dim, int rows);
 // split merge; nullptr when there is none.
 const void* token_kernel_entry(ScalarType dtype, bool push_merge = false);
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -9,7 +9,7 @@
 
 #include "cuda/decode/ptx.cuh"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -42,4 +42,4 @@ __device__ __forceinline__ float lse_weight_eager(float lse, float m) {
 __device__ __forceinline__ float merge_inv(float sum) { return __fdividef(1.f, sum); }
 __device__ __forceinline__ float merge_log(float sum) { return __logf(sum); }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

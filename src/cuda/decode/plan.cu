@@ -20,7 +20,7 @@
 #include "cuda/plan_state.h"
 #include "msa/error.h"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 namespace {
 
@@ -423,4 +423,4 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   return st;
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -11,7 +11,7 @@
 #include "cuda/decode/kernel_params.cuh"
 #include "cuda/decode/ptx.cuh"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 // Lane `lane` of warp 0, for request b, KV head g and the guessed token rows [tok, tok + ntok).
 __device__ __forceinline__ void prefetch_first_trips(const KernelParams& kp, int lane, int b, int g, int64_t tok,
@@ -38,4 +38,4 @@ __device__ __forceinline__ void prefetch_first_trips(const KernelParams& kp, int
   for (int i = lane; i <= (n + 31) / 32 && n > 0; i += 32) prefetch_l2(row + min(32 * i, n - 1));
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

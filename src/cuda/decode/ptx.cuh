@@ -10,7 +10,7 @@
 
 #include "cuda/arch/pdl.cuh"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -125,4 +125,4 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -7,7 +7,7 @@
 
 #include "core/params.h"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 __device__ __forceinline__ int clamp_pos(int64_t pos) {
   return static_cast<int>(pos < -1 ? -1 : (pos > INT_MAX ? INT_MAX : pos));
@@ -22,4 +22,4 @@ __device__ __forceinline__ void request_rows(const SeqParams& s, int b, int64_t&
   q1 = c;
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -9,7 +9,7 @@
 #include "cuda/plan_state.h"
 #include "msa/error.h"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream) {
   MSA_CHECK(s.unsupported.empty(), kNotImplemented, s.unsupported);
@@ -81,4 +81,4 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   MSA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, fn, args));
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

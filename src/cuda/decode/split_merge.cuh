@@ -15,7 +15,7 @@
 #include "cuda/decode/merge_math.cuh"
 #include "cuda/decode/ptx.cuh"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 // Weight of a part that holds no key (lse = -inf): skipped, never read. A real weight is in [0, 1]
 // or NaN (a NaN lse propagates, as in the reference).
@@ -166,4 +166,4 @@ __device__ void merge_splits_in_cluster(uint32_t po, uint32_t plse, int S, int r
 #endif
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -9,7 +9,7 @@
 
 #include "cuda/runtime/device_buffer.cuh"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 struct State {
   // Set when this family cannot serve the plan but another one (the Hopper prefill) does; run()
@@ -46,4 +46,4 @@ struct State {
   mutable std::atomic<bool> counters_zeroed{false};
 };
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

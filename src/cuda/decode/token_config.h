@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 constexpr int kTokenThreads = 128;   // 4 warps: 16 keys each for Q K^T, 32 head dims each for P V
 constexpr int kTokenRows = 16;       // MMA rows: the query heads of one KV head (G <= 16, zero-padded)
@@ -57,4 +57,4 @@ static_assert(token_push_smem_bytes(16) == token_push_smem_bytes(4) &&
               "a power-of-two split count leaves room for two CTAs per SM");
 static_assert(token_push_smem_bytes(15) <= kTokenSmemPushBytes, "30 receive rows at most");
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -2,7 +2,7 @@
 #include "cuda/decode/kernel_table.h"
 #include "cuda/decode/token_kernel.cuh"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 namespace {
 template <typename T>
@@ -20,4 +20,4 @@ const void* token_kernel_entry(ScalarType dtype, bool push_merge) {
   }
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -39,7 +39,7 @@
 #include "cuda/decode/token_config.h"
 #include "cuda/decode/token_trace.cuh"
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 // One 64-key tile of the CTA's share of the list: element offsets of its first K and V rows (page,
 // offset in the page, KV head folded in) and how many of its keys are visible (1..64).
@@ -675,4 +675,4 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   MSA_TRACE_END(S);
 }
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 
-namespace msa::detail::cuda::paged {
+namespace msa::detail::cuda::decode {
 
 static __device__ unsigned g_token_trace_ctas = 0;  // traced CTAs that finished, all launches
 
@@ -55,9 +55,9 @@ struct TokenTrace {
   }
 };
 
-}  // namespace msa::detail::cuda::paged
+}  // namespace msa::detail::cuda::decode
 
-#define MSA_TRACE_DECL ::msa::detail::cuda::paged::TokenTrace trace_; if (threadIdx.x == 0) trace_.begin()
+#define MSA_TRACE_DECL ::msa::detail::cuda::decode::TokenTrace trace_; if (threadIdx.x == 0) trace_.begin()
 #define MSA_TRACE_MARK(i, dep) \
   if (threadIdx.x == 0) trace_.mark(i, static_cast<uint32_t>(dep))
 #define MSA_TRACE_END(S) trace_.end(S)

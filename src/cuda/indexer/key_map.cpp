@@ -43,7 +43,7 @@ bool encode_keys_map(CUtensorMap* map, const BlockScoresParams& p) {
   // fp8 rows travel as 16-bit pseudo-elements: TMA only moves bytes (zero fill is zero either way).
   const ScalarType t = p.k_dtype == ScalarType::kBF16 ? ScalarType::kBF16 : ScalarType::kF16;
   try {
-    sm90::encode_tensor_map(map, t, 4, p.k.data, dims, strides, box, "index-K");
+    encode_tensor_map(map, t, 4, p.k.data, dims, strides, box, "index-K");
   } catch (const Error&) {
     return false;
   }

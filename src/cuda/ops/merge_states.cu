@@ -49,7 +49,7 @@ __global__ void merge_states_kernel(const MergeParams p) {
     const int64_t t = th / p.num_heads;
     const float* lse = p.lse + t * p.lse_stride_token + h * p.lse_stride_head;
     float m = -INFINITY;
-    for (int s = 0; s < p.num_splits; ++s) m = paged::lse_fold_max(m, lse[s * p.lse_stride_split]);
+    for (int s = 0; s < p.num_splits; ++s) m = decode::lse_fold_max(m, lse[s * p.lse_stride_split]);
     float out = 0.f, lse_out = -INFINITY;
     if (m != -INFINITY) {
       float sum = 0.f, acc = 0.f;
@@ -57,7 +57,7 @@ __global__ void merge_states_kernel(const MergeParams p) {
       for (int s = 0; s < p.num_splits; ++s) {
         const float ls = lse[s * p.lse_stride_split];
         if (ls == -INFINITY) continue;
-        const float w = paged::lse_weight(ls, m);
+        const float w = decode::lse_weight(ls, m);
         sum += w;
         if (value) acc += w * load_float(p.v, p.v_dtype, v0 + s * p.v_stride_split);
       }

@@ -7,7 +7,7 @@
 // a 128-token page (or a 128-key slice of a larger page).
 #pragma once
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 inline constexpr int kHeadDim = 128;       // D = Dv: the only head dim these kernels take
 inline constexpr int kBlockKeys = 128;     // keys per selectable block (the contract fixes 128)
@@ -104,4 +104,4 @@ inline constexpr int kKeyStripesWideKeys = 512;
 // are sized to fit: 2 GiB = 4096 tiles of 8 tokens x 16 heads x top-16.
 inline constexpr long long kKvPartialBudgetBytes = 2ll << 30;
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -16,7 +16,7 @@
 #define MSA_SM90A_DEVICE 1
 #endif
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 // Two floats -> one bf16x2 / f16x2 word (low half first). Outside the sm_90a guard: the LSE merge
 // (kvmajor_lists.cu) is compiled for every target.
@@ -146,4 +146,4 @@ __device__ __forceinline__ void zero_v_rows(uint8_t* v_stage, int32_t first_row)
 
 #endif  // MSA_SM90A_DEVICE
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -23,7 +23,7 @@
 #include "cuda/prefill_sm90/sync.cuh"
 #include "cuda/prefill_sm90/tile_common.cuh"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 inline constexpr int kKvMaxTileTokens = kTileRows / kKvMinGroup;
 
@@ -436,4 +436,4 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __gr
 #endif
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -6,7 +6,7 @@
 #include "cuda/prefill_sm90/kvmajor_kernel.cuh"
 #include "cuda/prefill_sm90/launch.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 template <bool kBf16>
 void launch_kvmajor(const KvMajorParams& p, int grid, bool pdl, cudaStream_t stream) {
@@ -21,4 +21,4 @@ bool configure_kvmajor() {
   return true;
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -15,7 +15,7 @@
 #include "cuda/prefill_sm90/sync.cuh"
 #include "cuda/prefill_sm90/tile_common.cuh"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 namespace {
 
@@ -477,4 +477,4 @@ void launch_kv_merge(const KvMergeParams& p, bool pdl, cudaStream_t stream) {
     launch_kernel(pdl, kv_merge_kernel<__half>, dim3(tiles), dim3(kMergeThreads), 0, stream, p);
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -9,7 +9,7 @@
 #include "core/params.h"
 #include "cuda/prefill_sm90/params.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 struct KvListParams {
   SeqParams seqs;
@@ -50,4 +50,4 @@ struct KvMergeParams {
 // partial, or with lse = -inf, weighs nothing; no partial at all gives o = 0, lse = -inf).
 void launch_kv_merge(const KvMergeParams& p, bool pdl, cudaStream_t stream);
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -6,7 +6,7 @@
 
 #include "cuda/prefill_sm90/params.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 // Query-major prefill kernel (dense or sparse); grid = persistent CTAs (<= SM count). pdl (both):
 // launched with programmatic dependent launch (PrefillState::pdl).
@@ -35,4 +35,4 @@ inline bool kernel_has_sm90a_body(const void* kernel) {
   return attr.numRegs >= 128;
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

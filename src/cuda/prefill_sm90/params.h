@@ -8,7 +8,7 @@
 
 #include "core/params.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 // Where the canonical work tiles are: tile ids [tile_cum[b], tile_cum[b+1]) belong to request b,
 // (chunks of tile_tokens tokens) x (KV heads), the last chunk first so that a single causal request
@@ -113,4 +113,4 @@ struct KvMajorParams {
   int32_t tail_items = 0, tail_sub_tiles = 0;
 };
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -31,7 +31,7 @@
 #include "cuda/runtime/tensor_map.h"
 #include "msa/error.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 namespace {
 
@@ -441,4 +441,4 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   if (concurrent) s.fork.join(stream);
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -11,7 +11,7 @@
 #include "cuda/plan_state.h"
 #include "cuda/prefill_sm90/schedule.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 struct PrefillState {
   int sm_count = 0;
@@ -61,4 +61,4 @@ struct PrefillState {
   StreamFork fork;
 };
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

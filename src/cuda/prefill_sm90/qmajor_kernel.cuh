@@ -32,7 +32,7 @@
 #include "cuda/prefill_sm90/sync.cuh"
 #include "cuda/prefill_sm90/tile_common.cuh"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 // What the producer tells the consumers about a stage: the block, which tile tokens selected it,
 // and whether its page exists (for an invalid page the producer loads page 0; the consumers mask
@@ -512,4 +512,4 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
 #endif
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -6,7 +6,7 @@
 #include "cuda/prefill_sm90/launch.h"
 #include "cuda/prefill_sm90/qmajor_kernel.cuh"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 template <bool kBf16>
 void launch_qmajor(bool sparse, const QMajorParams& p, int grid, bool pdl, cudaStream_t stream) {
@@ -30,4 +30,4 @@ bool configure_qmajor() {
   return true;
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

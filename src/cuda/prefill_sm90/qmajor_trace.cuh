@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 struct QMajorTrace {
   static constexpr int kTiles = 6;
@@ -86,10 +86,10 @@ static __global__ void qmajor_trace_print_kernel(unsigned grid) {
   }
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90
 
-#define MSA_QTRACE_DECL ::msa::detail::cuda::sm90::QMajorTrace qtrace_
-#define MSA_QTRACE_PARAM , ::msa::detail::cuda::sm90::QMajorTrace& qtrace_
+#define MSA_QTRACE_DECL ::msa::detail::cuda::prefill_sm90::QMajorTrace qtrace_
+#define MSA_QTRACE_PARAM , ::msa::detail::cuda::prefill_sm90::QMajorTrace& qtrace_
 #define MSA_QTRACE_ARG , qtrace_
 #define MSA_QTRACE(stmt)                  \
   do {                                    \

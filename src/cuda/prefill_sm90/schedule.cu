@@ -7,7 +7,7 @@
 #include "cuda/prefill_sm90/schedule.h"
 #include "cuda/prefill_sm90/tile_common.cuh"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 namespace {
 
@@ -282,4 +282,4 @@ void launch_tile_lists(const TileListParams& p, bool pdl, cudaStream_t stream) {
   }
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

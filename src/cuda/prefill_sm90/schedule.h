@@ -10,7 +10,7 @@
 #include "core/params.h"
 #include "cuda/prefill_sm90/params.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 // tile_cum[0..B] (prefix of ceil(qo_len / tile_tokens) * Hkv) and blk_cum[0..B] (prefix of
 // ceil(kv_len / 128) * Hkv) from the device lengths, and zeroes counters[0..num_counters) (the
@@ -48,4 +48,4 @@ struct TileListParams {
 // pdl: launched with programmatic dependent launch (right after the schedule kernel).
 void launch_tile_lists(const TileListParams& p, bool pdl, cudaStream_t stream);
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cuda/ptx>
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 namespace ptx = ::cuda::ptx;
 
@@ -120,4 +120,4 @@ __device__ __forceinline__ float fast_log2(float x) {
   return y;
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

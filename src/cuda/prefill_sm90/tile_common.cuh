@@ -8,7 +8,7 @@
 #include "core/params.h"
 #include "cuda/prefill_sm90/params.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
@@ -106,4 +106,4 @@ __device__ __forceinline__ int32_t physical_page(const PageTableParams& pt, int 
   return (page >= 0 && page < pt.num_pages) ? page : -1;
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

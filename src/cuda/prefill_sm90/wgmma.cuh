@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda::prefill_sm90 {
 
 // Matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address >> 4 in bits 0-13,
 // leading byte offset >> 4 in bits 16-29, stride byte offset >> 4 in bits 32-45, swizzle mode in
@@ -122,4 +122,4 @@ __device__ __forceinline__ void mma_rs_acc(float (&d)[64], uint32_t a0, uint32_t
 #undef MSA_WGMMA_D64
 #undef MSA_WGMMA_D64_OPERANDS
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda::prefill_sm90

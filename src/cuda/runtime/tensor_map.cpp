@@ -8,7 +8,7 @@
 
 #include "msa/error.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda {
 
 namespace {
 
@@ -67,4 +67,4 @@ void encode_tensor_map(CUtensorMap* map, ScalarType dtype, int rank, const void*
   }
 }
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda

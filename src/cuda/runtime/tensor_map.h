@@ -9,7 +9,7 @@
 
 #include "core/params.h"
 
-namespace msa::detail::cuda::sm90 {
+namespace msa::detail::cuda {
 
 // Tiled map over a tensor of `rank` dims (innermost first): dims in elements, strides in bytes for
 // dims 1..rank-1 (multiples of 16), box in elements; 128-byte swizzle, zero fill outside the tensor.
@@ -17,4 +17,4 @@ namespace msa::detail::cuda::sm90 {
 void encode_tensor_map(CUtensorMap* map, ScalarType dtype, int rank, const void* base, const uint64_t* dims,
                        const uint64_t* strides_bytes, const uint32_t* box, const char* what);
 
-}  // namespace msa::detail::cuda::sm90
+}  // namespace msa::detail::cuda
