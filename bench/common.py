@@ -1,7 +1,12 @@
 """Shared helpers of the msa benchmarks: ceilings, timing, result files.
 
 Every benchmark measures its ceilings in the same run as the kernels (absolute figures drift between
-machines and runs) and writes bench/results/<bench>-<YYYYMMDD>-<commit>.json plus a .md table.
+machines and runs) and writes its rows as JSON plus a .md table:
+  --record   the run of record: the bench's default options only, no MSA_* knob in the environment; writes
+             bench/results/<bench>.json and .md (overwriting; git keeps the history), and a copy under $OUT when
+             $OUT is set (the device machine hands back only $OUT).
+  otherwise  any other run (subsets, sweeps, variants, A/B): <bench>-<date>-<time>-<commit>.json and .md under
+             --out-dir, else $OUT, else bench/scratch/ (git-ignored); never under bench/results/.
 The commit is taken from $MSA_COMMIT (the device copy of the tree has no .git) or `git rev-parse`.
 """
 from __future__ import annotations
@@ -18,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"  # the runs of record, <bench>.json / .md
+SCRATCH = Path(__file__).resolve().parent / "scratch"  # every other run when neither --out-dir nor $OUT is given
 
 
 def commit() -> str:
@@ -213,27 +219,73 @@ def row(workload, shape, pattern, impl, us, *, tflops=None, gbps=None, ceil=None
     return r
 
 
-def write_results(bench: str, ceil: dict, rows: list, out_dir: str | None = None) -> Path:
-    """Writes <bench>-<date>-<commit>.json and .md to out_dir ($OUT or bench/results) and prints the table."""
-    out = Path(out_dir or os.environ.get("OUT") or RESULTS)
-    out.mkdir(parents=True, exist_ok=True)
-    date = datetime.date.today().strftime("%Y%m%d")
-    name = f"{bench}-{date}-{commit()}"
-    doc = {"bench": bench, "commit": commit(), "device": torch.cuda.get_device_name(),
-           "date": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:], "ceilings": ceil,
-           "rows": rows}
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
+def add_output_options(ap) -> None:
+    """The options that choose where a run's rows go (see the module docstring)."""
+    ap.add_argument("--record", action="store_true",
+                    help="the run of record: default options only; writes bench/results/<bench>.json and .md "
+                         "(and a copy under $OUT when set)")
+    ap.add_argument("--out-dir", default=None,
+                    help="folder of a run that is not the record (default $OUT, else bench/scratch)")
+
+
+def check_record(ap, args) -> None:
+    """A run of record is the full default run: --record with any other option, or with an MSA_* kernel knob
+    in the environment, is refused before anything is measured."""
+    if not args.record:
+        return
+    defaults = vars(ap.parse_args(["--record"]))
+    changed = sorted(k for k, v in vars(args).items() if v != defaults.get(k))
+    if changed:
+        ap.error("--record measures the default options only; drop " + ", ".join("--" + k.replace("_", "-")
+                                                                                 for k in changed))
+    knobs = sorted(k for k in os.environ if k.startswith("MSA_") and k != "MSA_COMMIT")
+    if knobs:
+        ap.error("--record measures the default kernel choices; unset " + ", ".join(knobs))
+
+
+def markdown(doc: dict) -> str:
+    """The .md table of a result document: a header naming the commit, the ceilings and the options, then the rows."""
     cols = ["workload", "shape", "pattern", "impl", "us", "tflops", "gbps", "ratio", "max_err"]
+    rows = doc["rows"]
     cols += [c for c in ("sm_mhz", "power_capped", "clock_reasons") if any(c in r for r in rows)]  # bench/gpu_monitor.py
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |")
-    md = (f"# {bench} @ {commit()} on {doc['device']} ({doc['date']})\n\n"
-          f"Ceilings (same run): copy {ceil['copy_gbps']} GB/s, bf16 matmul {ceil['matmul_tflops']} TFLOP/s\n\n"
-          + "\n".join(lines) + "\n")
-    (out / f"{name}.md").write_text(md)
+
+    def options(argv) -> str:
+        return "not recorded" if argv is None else " ".join(argv) or "(defaults)"
+
+    def run(part: dict) -> str:
+        ceil = part["ceilings"]
+        return (f"measured at commit {part['commit']} ({part['date']}); ceilings of that run: copy {ceil['copy_gbps']} GB/s, "
+                f"bf16 matmul {ceil['matmul_tflops']} TFLOP/s; options: {options(part.get('argv'))}")
+
+    if "parts" in doc:  # a record merged from runs of different workloads; each row's ratio is over its run's ceiling
+        head = (f"# {doc['bench']} on {doc['device']}, merged from {len(doc['parts'])} runs\n\n"
+                + "".join(f"- {', '.join(part['workloads'])}: {run(part)}\n" for part in doc["parts"]))
+    else:
+        head = f"# {doc['bench']} on {doc['device']}\n\nRun {run(doc)}\n"
+    note = f"\n{doc['note']}\n" if doc.get("note") else ""
+    return head + note + "\n" + "\n".join(lines) + "\n"
+
+
+def write_results(bench: str, ceil: dict, rows: list, out_dir: str | None = None, *, record: bool = False) -> Path:
+    """Writes the run's JSON and .md (where: the module docstring) and prints the table."""
+    now = datetime.datetime.now()
+    doc = {"bench": bench, "commit": commit(), "device": torch.cuda.get_device_name(),
+           "date": now.isoformat(timespec="seconds"), "argv": sys.argv[1:], "ceilings": ceil, "rows": rows}
+    md = markdown(doc)
+    if record:
+        targets = [(RESULTS, bench)] + ([(Path(os.environ["OUT"]), bench)] if os.environ.get("OUT") else [])
+    else:
+        targets = [(Path(out_dir or os.environ.get("OUT") or SCRATCH), f"{bench}-{now:%Y%m%d-%H%M%S}-{commit()}")]
+    for folder, name in targets:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (folder / f"{name}.md").write_text(md)
     print(md, flush=True)
-    return out / f"{name}.json"
+    print(f"# written: {', '.join(str(folder / name) + '.json' for folder, name in targets)}", flush=True)
+    return targets[0][0] / f"{targets[0][1]}.json"
 
 
 def main_guard():

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ceilings, environment, main_guard, parse_variants, row, time_graph, write_results  # noqa: E402
+from common import (add_output_options, ceilings, check_record, environment, main_guard,  # noqa: E402
+                    parse_variants, row, time_graph, write_results)
 
 import msa  # noqa: E402
 
@@ -264,8 +265,9 @@ def main():
                          "TLBs - a diagnostic; the graph keeps its number of calls)")
     ap.add_argument("--floor", action="store_true",
                     help="at B=1 also time the call with no query token and with no selected block (fixed costs)")
-    ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
+    add_output_options(ap)
     args = ap.parse_args()
+    check_record(ap, args)
     main_guard()
     args.iters = args.iters or (20 if args.quick else 50)
     args.variants = parse_variants(args.variants)
@@ -279,7 +281,7 @@ def main():
         ws = [w for w in ws if w.name in names]
     for shape in shapes:
         bench_shape(shape, ws, ceil, args, rows)
-    write_results("decode", ceil, rows, args.out_dir)
+    write_results("decode", ceil, rows, args.out_dir, record=args.record)
 
 
 if __name__ == "__main__":

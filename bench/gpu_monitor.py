@@ -3,8 +3,8 @@
 Why: the H200 board limits its power (~700 W, nvidia-smi clocks_event_reasons bit 0x4, "software power
 cap") by lowering the SM clock, and the limiter averages the draw over about a second. A row timed over
 ~100 ms on a rested board runs at 1980 MHz; the same row timed over ~1 s, or right after a capped row, runs at
-~1700 MHz and reads ~6% lower (bench/results/prefill-20261130-1243790-power.md: M3-TP1 P-32K `shared` 556.7
-TFLOP/s at 1980 MHz, 523.6 at 1725). A fixed idle time between rows (2 s) did not bring the board back to
+~1700 MHz and reads ~6% lower (M3-TP1 P-32K `shared`: 556.7 TFLOP/s at 1980 MHz over 10 calls, 523.6 at
+1725 over 100). A fixed idle time between rows (2 s) did not bring the board back to
 rest after the dense rows. So the benchmarks wait until it is (no cap bit, the averaged draw low) and
 record, per row, the clock and the cap seen while the row was timed.
 

@@ -275,8 +275,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer iterations, no sm80 rows, no P-chunk")
     ap.add_argument("--variants", action="store_true", help="also the kernel choices behind environment switches")
     ap.add_argument("--once", action="store_true", help="launch each workload once, untimed (for ncu)")
-    ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
+    common.add_output_options(ap)
     args = ap.parse_args()
+    common.check_record(ap, args)
     common.main_guard()
     torch.manual_seed(0)
     if args.once:
@@ -291,7 +292,7 @@ def main():
         rows += prefill_rows(ceil, "P-chunk", 4096, 32768, iters, with_sm80=False)
     rows += decode_rows(ceil, 1, 65536, 20 if args.quick else 50, fp8=False, rotate=8, variants=args.variants)
     rows += decode_rows(ceil, 64, 65536, 10 if args.quick else 30, fp8=True, rotate=8, variants=args.variants)
-    common.write_results("indexer", ceil, rows, args.out_dir)
+    common.write_results("indexer", ceil, rows, args.out_dir, record=args.record)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ import msa
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
+    common.add_output_options(ap)
     args = ap.parse_args()
+    common.check_record(ap, args)
     common.main_guard()
     ceil = common.ceilings()
     rows = []
@@ -31,7 +32,7 @@ def main():
         med, worst = common.host_us(lambda: msa.plan_prefill(qo, kv, **m3), max(args.reps // 5, 5))
         rows.append(common.row(f"plan-prefill-{name}", "M3-TP1", "sparse", "msa", med, worst_us=round(worst, 2)))
         print(f"plan_prefill {name:<8} median {med:8.2f} us  max {worst:8.2f} us", flush=True)
-    common.write_results("plan", ceil, rows, args.out_dir)
+    common.write_results("plan", ceil, rows, args.out_dir, record=args.record)
 
 
 if __name__ == "__main__":

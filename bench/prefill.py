@@ -20,8 +20,8 @@ graph, with the inputs of the last call still in the L2; 0.5% of a P-32K call, 5
 least --cooldown seconds idle (default 2), then until nvidia-smi shows no power cap and an averaged draw
 under 150 W (at most --cooldown-max, default 20 s; bench/gpu_monitor.py). The board's power limiter averages
 the draw over about a second, and a row timed right after a capped one, or over ~1 s, runs at ~1700 instead of
-1980 MHz (P-chunk `random` 241 against 253 after P-32K dense, prefill-20261130-f3b0acf-order.md; P-32K `shared`
-523.6 against 556.7 over 100 timed calls instead of 10, prefill-20261130-1243790-power.md). Each row records
+1980 MHz (P-chunk `random` 241 against 253 after P-32K dense; P-32K `shared` 523.6 against 556.7 over 100
+timed calls instead of 10). Each row records
 the SM clock seen while it was timed (sm_mhz: median of 20 ms samples, sm_mhz_min) and the share of those
 samples under the software power cap (power_capped); rows of 30 ms calls (dense P-32K, msa and cuDNN) reach the
 cap within their own timing.
@@ -65,8 +65,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (LAST_TIMES, capture_graph, ceilings, environment, flush_buffer, main_guard,  # noqa: E402
-                    parse_variants, row, time_eager, time_flushed, time_graph, write_results)
+from common import (LAST_TIMES, add_output_options, capture_graph, ceilings, check_record,  # noqa: E402
+                    environment, flush_buffer, main_guard, parse_variants, row, time_eager, time_flushed,
+                    time_graph, write_results)
 from gpu_monitor import GpuMonitor  # noqa: E402
 
 import msa  # noqa: E402
@@ -531,7 +532,7 @@ def main():
     ap.add_argument("--profile", action="store_true", help="per-kernel device time of each msa row")
     ap.add_argument("--timeline", action="store_true", help="kernel start/end of one graph replay per msa row")
     ap.add_argument("--once", action="store_true", help="one call per msa row, no timing (for ncu)")
-    ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
+    add_output_options(ap)
     ap.add_argument("--iters", type=int, default=None,
                     help="timed calls per configuration (default 10 with --quick, else 20); longer runs show the power limiter")
     ap.add_argument("--cooldown", type=float, default=2.0,
@@ -539,6 +540,7 @@ def main():
     ap.add_argument("--cooldown-max", type=float, default=20.0,
                     help="most seconds to wait for the board to rest before each configuration (0: no rest at all)")
     args = ap.parse_args()
+    check_record(ap, args)
     main_guard()
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = args.shape or (["M3-TP1"] if args.quick else list(SHAPES))
@@ -553,7 +555,7 @@ def main():
         for wl in wls:
             bench_case(shape, wl, args, ceil, rows, args.seed)
     if not args.once:
-        write_results("prefill", ceil, rows, args.out_dir)
+        write_results("prefill", ceil, rows, args.out_dir, record=args.record)
 
 
 if __name__ == "__main__":

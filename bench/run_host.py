@@ -42,8 +42,9 @@ def prefill_case(hq: int, hkv: int, qo: int, kv: int, topk: int):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=200)
-    ap.add_argument("--out-dir", default=None, help="result folder (default $OUT or bench/results)")
+    common.add_output_options(ap)
     args = ap.parse_args()
+    common.check_record(ap, args)
     common.main_guard()
     ceil = common.ceilings()
     rows = []
@@ -103,7 +104,7 @@ def main():
         out = torch.empty_like(q)
         both_imports(f"run-decode-D-B{B}", "M3-TP1", "sparse",
                      lambda: msa.attention(plan, q, k, k, pt, qi, kl, block_idx=sel, out=out))
-    common.write_results("run_host", ceil, rows, args.out_dir)
+    common.write_results("run_host", ceil, rows, args.out_dir, record=args.record)
 
 
 if __name__ == "__main__":
