@@ -36,10 +36,17 @@ std::string format_time(double ms) {
   return format("%.1f us", ms * 1000.0);
 }
 
-std::string format_rate(double per_second, const char* unit) {
-  if (per_second >= 1e12) return format("%.2f T%s/s", per_second / 1e12, unit);
-  return format("%.1f G%s/s", per_second / 1e9, unit);
+// Three significant digits and a decimal prefix: "1.23 TFLOP", "16.6 GFLOP", "270 MB".
+std::string format_amount(double amount, const char* unit) {
+  const char* prefix = "k";
+  double v = amount / 1e3;
+  if (amount >= 1e12) prefix = "T", v = amount / 1e12;
+  else if (amount >= 1e9) prefix = "G", v = amount / 1e9;
+  else if (amount >= 1e6) prefix = "M", v = amount / 1e6;
+  return format(v < 10 ? "%.2f %s%s" : v < 100 ? "%.1f %s%s" : "%.0f %s%s", v, prefix, unit);
 }
+
+std::string format_rate(double per_second, const char* unit) { return format_amount(per_second, unit) + "/s"; }
 
 std::string format_bytes(int64_t bytes) {
   const double b = static_cast<double>(bytes);
@@ -108,15 +115,22 @@ bool run_phase(const PhaseJob& job, bool cuda, const DemoOptions& opt, const Dem
     const RunResult r = run_on_cpu(w, sizes.repeat);
 #endif
     progress(prefix + "plan: " + r.plan);
+    // Pattern indexer: the blocks the layer's indexer chose, over which its attention ran. They must be in
+    // place before the work is counted (and the attention checked): the attention's work is that of the
+    // selected blocks, none before the layer has run.
+    if (w.indexer) w.block_idx = r.block_idx;
     const double ms = r.median_ms();
     row.time = format_time(ms);
-    if (ms > 0.0)
-      row.rate = w.phase == Phase::kPrefill ? format_rate(effective_flops(w) / (ms * 1e-3), "FLOP")
-                                            : format_rate(effective_bytes(w) / (ms * 1e-3), "B");
+    const bool prefill = w.phase == Phase::kPrefill;
+    const PhaseWork work = prefill ? effective_flops(w) : effective_bytes(w);
+    const char* unit = prefill ? "FLOP" : "B";
+    if (w.indexer)
+      progress(prefix + "effective work of the layer (the rate counts both parts over the time of the whole call): " +
+               format_amount(work.indexer, unit) + " indexer + " + format_amount(work.attention, unit) + " attention");
+    if (ms > 0.0) row.rate = format_rate(work.total() / (ms * 1e-3), unit);
     const auto rows = sample_rows(w, opt.check_rows, stream_key(job.spec.seed, {kTagCheck}));
     int64_t bad_selections = 0;
     if (w.indexer) {  // the attention is checked over the blocks the layer's indexer chose
-      w.block_idx = r.block_idx;
       progress(prefix + "checking the selections of those rows against float64 block scores");
       bad_selections = check_selections(w, rows);
     }

@@ -5,7 +5,7 @@
 
 namespace msa::cli {
 
-double effective_flops(const Workload& w) {
+PhaseWork effective_flops(const Workload& w) {
   const AttentionConfig& c = w.cfg;
   double pairs = 0.0;  // per KV head; every query head of its group attends the same keys
   for (int64_t t = 0; t < w.total_q; ++t) {
@@ -16,17 +16,18 @@ double effective_flops(const Workload& w) {
         pairs += static_cast<double>(std::max<int64_t>(0, end - int64_t(blk) * c.block_size));
       }
   }
-  double flops = 4.0 * c.head_dim * c.group_size() * pairs;
+  PhaseWork work;
+  work.attention = 4.0 * c.head_dim * c.group_size() * pairs;
   if (w.indexer) {
     double visible = 0.0;  // (token, key) pairs the block scores read
     for (int64_t t = 0; t < w.total_q; ++t)
       visible += static_cast<double>(std::min<int64_t>(w.kv_lens[w.request_of(t)], w.position_of(t) + 1));
-    flops += 2.0 * kIndexHeadDim * c.num_kv_heads * visible;
+    work.indexer = 2.0 * kIndexHeadDim * c.num_kv_heads * visible;
   }
-  return flops;
+  return work;
 }
 
-double effective_bytes(const Workload& w) {
+PhaseWork effective_bytes(const Workload& w) {
   const AttentionConfig& c = w.cfg;
   constexpr double kElemBytes = 2.0;  // bf16
   double keys = 0.0;
@@ -42,12 +43,14 @@ double effective_bytes(const Workload& w) {
   }
   const double kv_bytes = keys * (c.head_dim + c.dv()) * kElemBytes;
   const double qo_bytes = static_cast<double>(w.total_q) * c.num_qo_heads * (c.head_dim + c.dv()) * kElemBytes;
-  double index_bytes = 0.0;
+  PhaseWork work;
+  work.attention = kv_bytes + qo_bytes;
   if (w.indexer) {
-    for (int64_t b = 0; b < w.batch(); ++b) index_bytes += static_cast<double>(w.kv_lens[b]) * kIndexKHeads;
-    index_bytes = (index_bytes + static_cast<double>(w.total_q) * c.num_kv_heads) * kIndexHeadDim * kElemBytes;
+    double rows = 0.0;  // index-K rows each request reads, then the index q rows
+    for (int64_t b = 0; b < w.batch(); ++b) rows += static_cast<double>(w.kv_lens[b]) * kIndexKHeads;
+    work.indexer = (rows + static_cast<double>(w.total_q) * c.num_kv_heads) * kIndexHeadDim * kElemBytes;
   }
-  return kv_bytes + qo_bytes + index_bytes;
+  return work;
 }
 
 }  // namespace msa::cli
