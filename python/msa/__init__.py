@@ -7,6 +7,9 @@ Tensors of any DLPack framework are accepted; CPU tensors run the reference back
 GPU kernels. Errors: ValueError (shapes, lengths, strides), TypeError (dtypes, devices),
 NotImplementedError (valid input this build or device cannot run), RuntimeError (CUDA failures).
 Importing msa never imports torch. The semantics are those of docs/python_api.md.
+
+Beside this core, the torch-only modules: msa.torch_ops (the entry points as torch custom ops) and the
+serving-engine drop-ins of msa.engines, imported as msa.sglang and msa.fmha_sm100.
 """
 from ._C import cuda_available
 from .ops import attention, block_scores, build_page_table, merge_states, select_topk, sparse_attention_layer

@@ -21,6 +21,23 @@ def torch_of(x):
     return None
 
 
+def require_torch(module: str, what: str):
+    """The torch module, imported for `module` (the torch-only parts of msa: the engine drop-ins and
+    msa.torch_ops). Without torch: an ImportError (ModuleNotFoundError, name 'torch') that says what needs it
+    and what works without it."""
+    try:
+        import torch
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        raise ModuleNotFoundError(
+            f"{module} {what} and needs torch: pip install torch. Without torch, msa's core API works on numpy "
+            f"arrays (and any DLPack tensor): msa.plan_prefill, msa.plan_decode, msa.attention, msa.block_scores, "
+            f"msa.select_topk, msa.sparse_attention_layer, msa.merge_states, msa.build_page_table",
+            name="torch") from e
+    return torch
+
+
 def _type_name(x) -> str:
     t = type(x)
     return f"{t.__module__}.{t.__qualname__}"

@@ -30,10 +30,12 @@ import itertools
 import math
 from typing import Optional
 
-import torch
+from ._framework import require_torch
 
-from . import ops as _msa
-from .plan import Plan
+torch = require_torch("msa.torch_ops", "registers msa's entry points as torch custom ops")
+
+from . import ops as _msa  # noqa: E402
+from .plan import Plan  # noqa: E402
 
 _plans: dict[int, Plan] = {}
 _handles = itertools.count(1)

@@ -43,6 +43,68 @@ def test_import_and_run_without_torch():
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(msa.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_root, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("module", ["msa.sglang", "msa.fmha_sm100", "msa.engines.sglang", "msa.torch_ops"])
+def test_torch_modules_without_torch_say_what_they_need(module):
+    """Where torch is not installed, the torch-only modules raise an ImportError that says they need torch and
+    what works without it; msa itself still imports."""
+    res = _run_python(f"""
+        import sys
+
+        class NoTorch:  # as if torch were not installed
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+        sys.meta_path.insert(0, NoTorch())
+        import msa
+        try:
+            import {module}
+        except ImportError as e:
+            assert isinstance(e, ModuleNotFoundError) and e.name == "torch", repr(e)
+            print(e)
+        else:
+            raise AssertionError("imported without torch")
+    """)
+    assert res.returncode == 0, res.stderr
+    msg = res.stdout
+    assert "needs torch: pip install torch" in msg and "numpy" in msg and "msa.attention" in msg, msg
+    assert msg.startswith(module.replace("engines.", "")), msg
+
+
+def test_engine_drop_ins_are_importable_under_their_public_names():
+    """msa.sglang and msa.fmha_sm100 are the modules of msa.engines (aliases, not copies), private names
+    included. A stand-in torch lets the modules import where torch is not installed."""
+    res = _run_python("""
+        import sys
+        from unittest import mock
+
+        if "torch" not in sys.modules:
+            try:
+                import torch
+            except ImportError:
+                sys.modules["torch"] = mock.MagicMock(name="torch")
+        import msa.engines.fmha_sm100
+        import msa.engines.sglang
+        import msa.sglang
+        from msa.fmha_sm100 import DECODE_MAX_KV_LEN, _plan_dict, fmha_sm100
+        from msa.sglang import msa_sparse_decode_main
+
+        assert msa.sglang is msa.engines.sglang and msa.fmha_sm100 is msa.engines.fmha_sm100
+        assert sys.modules["msa.sglang"] is msa.engines.sglang
+        assert fmha_sm100 is msa.engines.fmha_sm100.fmha_sm100 and DECODE_MAX_KV_LEN == 1 << 20
+        assert msa_sparse_decode_main.__module__ == "msa.engines.sglang"
+        print("ok")
+    """)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
 def test_public_names_have_docstrings():
     assert sorted(msa.__all__) == sorted(PUBLIC)
     for name in PUBLIC:
