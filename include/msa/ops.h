@@ -1,6 +1,8 @@
-// The entry points. Each validates its arguments (cheap checks always; a deep scan of the index
-// tensors with RunOptions::validate) and dispatches on the device of its tensors: CPU tensors run
-// the reference backend, CUDA tensors the GPU kernels. Shapes (the contract, docs/architecture.md):
+// The entry points. Each validates its arguments and dispatches on the device of its tensors: CPU
+// tensors run the reference backend, CUDA tensors the GPU kernels. The metadata (dtypes, shapes,
+// strides, devices) is always checked; the values of the length and index tensors (lengths against
+// the plan, page ids, block ids) wherever they are host-readable: always for CPU tensors, with
+// RunOptions::validate for CUDA tensors. Shapes (the contract, docs/architecture.md):
 //
 //   q            [total_q, Hq, D]                     bf16 / fp16 (fp32 on the CPU backend)
 //   k, v         [num_pages, Hkv, page_size, D|Dv]    any strides, innermost dim contiguous
@@ -33,7 +35,8 @@ struct Sequences {
 struct RunOptions {
   float sm_scale = 0.0f;   // 0: head_dim ** -0.5
   void* stream = nullptr;  // cudaStream_t for CUDA tensors; ignored on the CPU
-  bool validate = false;   // deep check: scan page table / block indexes and report the first bad entry
+  bool validate = false;   // CUDA tensors: read lengths, page table and block indexes on the host, report the
+                           // first bad entry (synchronizes); CPU tensors are always checked so
 };
 
 enum class ScoreLayout { kHKT, kTHK };  // [H, max_blocks, T] or [T, H, max_blocks]

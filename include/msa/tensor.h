@@ -2,7 +2,9 @@
 //
 // msa never owns caller memory: every entry point takes TensorViews, which copy the DLTensor's
 // pointer, dtype, device, shape and strides (strides in elements, as DLPack has them) and keep
-// nothing else. A default-constructed view is "absent" (optional arguments).
+// nothing else. A default-constructed view is "absent" (optional arguments). A view of a dtype msa
+// does not take has dtype() == DType::kUnknown and keeps the DLPack dtype for the message: the entry
+// point that checks the argument's dtype names the argument and the dtypes it takes.
 #pragma once
 
 #include <array>
@@ -27,6 +29,9 @@ enum class DType : int {
 };
 
 const char* dtype_name(DType t);
+// Any DLPack dtype by name ("float64", "int8", "bool", "float8_e5m2", ...), for messages about tensors
+// whose dtype msa does not take.
+std::string dtype_name(DLDataType t);
 int dtype_bytes(DType t);
 DType dtype_from_dl(DLDataType t);
 DLDataType dtype_to_dl(DType t);
@@ -54,12 +59,17 @@ class TensorView {
              std::initializer_list<int64_t> strides = {}, Device device = {});
   TensorView(void* data, DType dtype, int ndim, const int64_t* shape, const int64_t* strides,
              Device device = {});
+  // Any DLPack dtype (dtype() is kUnknown for those msa does not take).
+  TensorView(void* data, DLDataType dtype, int ndim, const int64_t* shape, const int64_t* strides,
+             Device device = {});
 
   bool defined() const { return present_; }
   void* data() const { return data_; }
   template <typename T>
   T* data_as() const { return static_cast<T*>(data_); }
   DType dtype() const { return dtype_; }
+  // The dtype's name, also for dtypes msa does not take ("float64").
+  std::string dtype_str() const { return dtype_name(dl_dtype_); }
   Device device() const { return device_; }
   int ndim() const { return ndim_; }
   int64_t size(int i) const { return shape_[norm(i)]; }
@@ -78,11 +88,12 @@ class TensorView {
 
  private:
   int norm(int i) const { return i < 0 ? i + ndim_ : i; }
-  void init(void* data, DType dtype, int ndim, const int64_t* shape, const int64_t* strides, Device device);
+  void init(void* data, DLDataType dtype, int ndim, const int64_t* shape, const int64_t* strides, Device device);
 
   void* data_ = nullptr;
   bool present_ = false;  // false only for a default-constructed (absent) view
   DType dtype_ = DType::kUnknown;
+  DLDataType dl_dtype_{0, 0, 0};
   Device device_{};
   int ndim_ = 0;
   std::array<int64_t, kMaxDims> shape_{};

@@ -40,24 +40,6 @@ constexpr OpaqueNumpyDtype kOpaqueNumpyDtypes[] = {
     {"float8_e4m3fn", "uint8", msa::DType::kF8E4M3},
 };
 
-// "float64", "int8x4", or the raw DLPack fields of codes without a common name.
-std::string dl_dtype_str(nb::dlpack::dtype t) {
-  const char* kind = nullptr;
-  switch (t.code) {
-    case 0: kind = "int"; break;
-    case 1: kind = "uint"; break;
-    case 2: kind = "float"; break;
-    case 4: kind = "bfloat"; break;
-    case 5: kind = "complex"; break;
-    case 6: kind = "bool"; break;
-    default:
-      return msa::detail::concat("(DLPack code ", int(t.code), ", bits ", int(t.bits), ", lanes ", int(t.lanes), ")");
-  }
-  std::string s = kind + std::to_string(t.bits);
-  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
-  return s;
-}
-
 // DLPack's C exchange API (DLPack >= 1.2; torch >= 2.10 sets it on its tensor type): a tensor's description
 // and its framework's current stream through C function pointers. On the H200 machine t.__dlpack__(), which
 // nanobind's import calls, takes ~2.5 us per torch tensor and torch.cuda.current_stream() ~4 us, so that an
@@ -249,10 +231,9 @@ class Call {
   msa::TensorView view_of(void* data, uint8_t code, uint8_t bits, uint16_t lanes, int ndim, const int64_t* shape,
                           const int64_t* strides, int32_t device_type, int32_t device_id, const char* name,
                           std::optional<msa::DType> declared) const {
-    const msa::DType dtype = declared ? *declared : msa::dtype_from_dl(DLDataType{code, bits, lanes});
-    MSA_CHECK(dtype != msa::DType::kUnknown, kType, fn_, ": argument '", name,
-              "': unsupported dtype ", dl_dtype_str(nb::dlpack::dtype{code, bits, lanes}),
-              " (expected one of float32, float16, bfloat16, float8_e4m3fn, int32, int64, uint8)");
+    // A dtype msa does not take is imported as it is: the entry point's dtype checks name the argument
+    // and the dtypes that argument takes.
+    const DLDataType dtype = declared ? msa::dtype_to_dl(*declared) : DLDataType{code, bits, lanes};
     MSA_CHECK(ndim <= msa::TensorView::kMaxDims, kValue, fn_, ": argument '", name, "': expected at most ",
               msa::TensorView::kMaxDims, " dimensions, got ", ndim);
     msa::Device device;

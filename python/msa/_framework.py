@@ -111,3 +111,16 @@ def host_max(fn: str, name: str, x, instead: str) -> int:
         raise ValueError(f"{fn}: argument '{name}' ({_type_name(x)}) cannot be read on the host: pass {instead}") \
             from e
     return int(a.max()) if a.size else 0
+
+
+def cpu_ints(x):
+    """A CPU tensor (numpy, torch, any DLPack CPU tensor) of integers as a numpy array, or None where x is not
+    one that can be read without a device wait (CUDA tensors, other dtypes: the C++ checks report those)."""
+    torch = torch_of(x)
+    if torch is not None:
+        return x.detach().numpy() if x.device.type == "cpu" and not x.is_floating_point() else None
+    try:
+        a = np.asarray(x) if isinstance(x, np.ndarray) else np.from_dlpack(x)
+    except Exception:  # noqa: BLE001 (a device tensor, or no DLPack): not host-readable here
+        return None
+    return a if a.dtype.kind in "iu" else None

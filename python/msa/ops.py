@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from . import _C
 from ._args import integer
-from ._framework import host_max, new_output, resolve_stream
+from ._framework import cpu_ints, host_max, new_output, resolve_stream
 
 BLOCK = 128  # tokens per selectable block (the contract's fixed block size)
 _LAYOUTS = ("HKT", "THK")
@@ -34,6 +36,9 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
               page_indptr=None, out=None, lse=None, return_lse=False, sm_scale=None, validate=False, stream=None):
     """Paged attention with the plan's configuration: sparse when plan.topk > 0, dense otherwise.
 
+    On the CPU the lengths, the page table's entries and the block indexes are always checked (they are
+    host-readable there); validate=True asks for the same on CUDA tensors.
+
     Args:
         plan: msa.Plan from plan_prefill or plan_decode, on the tensors' device.
         q: [total_q, Hq, D], bf16 / fp16 (fp32 also on the CPU).
@@ -52,8 +57,8 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
             written when given, allocated when None and return_lse.
         return_lse: return (o, lse) instead of o.
         sm_scale: logit scale; None means head_dim ** -0.5.
-        validate: also scan the page table and block indexes and report the first bad entry (synchronizes
-            for CUDA tensors).
+        validate: CUDA tensors: also read the lengths, the page table and the block indexes on the host and
+            report the first bad entry (synchronizes). CPU tensors are always checked so.
         stream: CUDA stream (None: torch's current stream for torch CUDA tensors, else 0).
 
     Returns:
@@ -247,6 +252,15 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
         raise ValueError(f"{fn}: argument 'q_index': expected [total_q, num_kv_heads = {plan.num_kv_heads}, D] "
                          f"(one index head per KV head), got shape {tuple(getattr(q_index, 'shape', ()))}")
     _layout(fn, score_layout)
+    if plan.phase == "decode" and plan.device == "cpu":
+        # The lengths against the plan's bound before the indexer steps (as msa::sparse_attention_layer does),
+        # whose messages would speak of a scores workspace too small for them.
+        lens = cpu_ints(kv_lens)
+        over = np.flatnonzero(lens > plan.max_kv_len) if lens is not None and lens.ndim == 1 else ()
+        if len(over):
+            b = int(over[0])
+            raise ValueError(f"{fn}: argument 'kv_lens': request {b} has kv_len = {int(lens[b])}, more than the "
+                             f"plan's max_kv_len = {plan.max_kv_len} (the bound given to plan_decode)")
     max_blocks = math.ceil(plan.max_kv_len / BLOCK)
     if stream is not None:  # checked once here; None is resolved by each call (torch's current stream)
         stream = resolve_stream(fn, stream, q)

@@ -99,7 +99,8 @@ def plan_decode(batch_size, max_qo_len, max_kv_len, *, num_qo_heads, num_kv_head
         fixed_split_blocks: as for msa.plan_prefill.
 
     Returns:
-        msa.Plan; q passed to msa.attention may hold up to batch_size * max_qo_len tokens.
+        msa.Plan; q passed to msa.attention may hold up to batch_size * max_qo_len tokens. kv_lens above
+        max_kv_len are refused where they are host-readable (CPU tensors; CUDA tensors with validate=True).
     """
     fn = "msa.plan_decode"
     cfg = _config(fn, num_qo_heads, num_kv_heads, head_dim, head_dim_v, page_size, topk, causal, max_splits,

@@ -30,7 +30,21 @@ const ArgCheck& ArgCheck::present() const {
 const ArgCheck& ArgCheck::dtype(std::initializer_list<DType> allowed) const {
   for (DType d : allowed)
     if (t.dtype() == d) return *this;
-  MSA_FAIL(kType, fn, ": argument '", name, "': expected dtype ", dtype_list(allowed), ", got ", dtype_name(t.dtype()));
+  MSA_FAIL(kType, fn, ": argument '", name, "': expected dtype ", dtype_list(allowed), ", got ", t.dtype_str());
+}
+
+void check_dtypes(const char* fn, std::initializer_list<DTypeRule> rules) {
+  for (const DTypeRule& r : rules) {
+    if (!r.t.defined()) continue;
+    bool ok = false;
+    for (DType d : r.allowed) ok = ok || (r.t.dtype() == d && d != DType::kUnknown);
+    if (ok) continue;
+    if (r.source)
+      MSA_FAIL(kType, fn, ": argument '", r.name, "': expected dtype ", dtype_list(r.allowed), " (", r.source,
+               "), got ", r.t.dtype_str());
+    MSA_FAIL(kType, fn, ": argument '", r.name, "': expected dtype ", dtype_list(r.allowed), ", got ",
+             r.t.dtype_str());
+  }
 }
 
 const ArgCheck& ArgCheck::ndim(int n, const char* dims) const {
@@ -83,6 +97,29 @@ const ArgCheck& ArgCheck::aligned(int bytes) const {
               "': the CUDA kernels need every outer stride to be a multiple of ", bytes, " bytes, got strides ",
               t.strides_str(), " (elements of ", eb, " bytes)");
   return *this;
+}
+
+SeqParams seq_params(const char* fn, const Sequences& s, int64_t B, Device dev, int64_t total_q) {
+  arg(fn, "qo_indptr", s.qo_indptr).present().dtype({DType::kI32}).ndim(1, "[batch_size + 1]")
+      .size(0, B + 1, "batch_size + 1").device(dev);
+  arg(fn, "kv_lens", s.kv_lens).present().dtype({DType::kI32}).ndim(1, "[batch_size]")
+      .size(0, B, "batch_size").device(dev);
+  MSA_CHECK(s.qo_indptr.stride(0) == 1 && s.kv_lens.stride(0) == 1, kValue, fn,
+            ": arguments 'qo_indptr' and 'kv_lens': expected contiguous, got strides ", s.qo_indptr.strides_str(),
+            " and ", s.kv_lens.strides_str());
+  SeqParams p;
+  p.batch_size = static_cast<int32_t>(B);
+  p.total_q = total_q;
+  p.qo_indptr = s.qo_indptr.data_as<const int32_t>();
+  p.kv_lens = s.kv_lens.data_as<const int32_t>();
+  if (s.qo_offset.defined()) {
+    arg(fn, "qo_offset", s.qo_offset).present().dtype({DType::kI32}).ndim(1, "[batch_size]")
+        .size(0, B, "batch_size").device(dev);
+    MSA_CHECK(s.qo_offset.stride(0) == 1, kValue, fn, ": argument 'qo_offset': expected contiguous, got strides ",
+              s.qo_offset.strides_str());
+    p.qo_offset = s.qo_offset.data_as<const int32_t>();
+  }
+  return p;
 }
 
 ScalarType scalar_type(DType t) {

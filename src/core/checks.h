@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/params.h"
+#include "msa/ops.h"
 #include "msa/tensor.h"
 
 namespace msa::detail {
@@ -32,7 +33,21 @@ struct ArgCheck {
 
 inline ArgCheck arg(const char* fn, const char* name, const TensorView& t) { return ArgCheck{fn, name, t}; }
 
+// The dtypes one argument takes, and where they come from when that is not obvious ("the dtype of q").
+struct DTypeRule {
+  const char* name;
+  const TensorView& t;
+  std::initializer_list<DType> allowed;
+  const char* source = nullptr;
+};
+// An entry point's dtype rules in the order of its arguments: the message names the first argument
+// whose dtype is not one it takes. Absent tensors are skipped (presence is checked with the shapes).
+void check_dtypes(const char* fn, std::initializer_list<DTypeRule> rules);
+
 ScalarType scalar_type(DType t);
+
+// The metadata of the sequence tensors (dtype, rank, B = batch_size, device, contiguity) as SeqParams.
+SeqParams seq_params(const char* fn, const Sequences& s, int64_t B, Device dev, int64_t total_q);
 
 // Host-readable copy of an integer tensor (CPU: a view; CUDA: a synchronous copy of its span).
 class HostInts {

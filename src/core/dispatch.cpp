@@ -1,17 +1,19 @@
 // The front door: every public entry point validates its arguments (contract §6), converts the
 // TensorViews into the plain params of params.h, and dispatches on the tensors' device.
 //
-// Checks on tensor metadata (rank, dtype, device, shape, strides) always run. Checks on values
-// (lengths, page-table extents) run whenever the values are host-readable (CPU tensors) and, for
-// CUDA tensors, only with RunOptions::validate, because reading device lengths would synchronize
-// and break CUDA-graph capture. The deep scan of index entries (page ids, block ids, duplicates)
-// runs with validate on either device. Kernels never read out of bounds whatever the values.
+// Checks on tensor metadata (rank, dtype, device, shape, strides) always run; the dtypes first, in
+// the order of the arguments, so that a message names the first argument of a wrong dtype. Checks on
+// values (lengths, page-table extents, page ids, block ids; core/value_checks.h) run whenever the
+// values are host-readable (CPU tensors: they cost little beside the reference's compute) and, for
+// CUDA tensors, only with RunOptions::validate, because reading device values would synchronize and
+// break CUDA-graph capture. Kernels never read out of bounds whatever the values.
 #include <algorithm>
 #include <cmath>
-#include <vector>
+#include <optional>
 
 #include "core/backend.h"
 #include "core/checks.h"
+#include "core/value_checks.h"
 #include "msa/error.h"
 #include "msa/ops.h"
 
@@ -23,6 +25,12 @@ namespace {
 
 constexpr int kBlock = 128;
 
+// Named lists: a braced list's backing array lives only as long as the list it initialises, so
+// choosing between two temporaries with ?: would leave the chosen one dangling.
+constexpr std::initializer_list<DType> kGpuFloats{DType::kBF16, DType::kF16};
+constexpr std::initializer_list<DType> kCpuFloats{DType::kBF16, DType::kF16, DType::kF32};
+std::initializer_list<DType> float_types(bool gpu) { return gpu ? kGpuFloats : kCpuFloats; }
+
 CacheParams cache_params(const TensorView& t) {
   CacheParams c;
   c.data = t.data();
@@ -33,29 +41,6 @@ CacheParams cache_params(const TensorView& t) {
   c.page_size = static_cast<int32_t>(t.size(2));
   c.dim = static_cast<int32_t>(t.size(3));
   return c;
-}
-
-SeqParams seq_params(const char* fn, const Sequences& s, int64_t B, Device dev, int64_t total_q) {
-  arg(fn, "qo_indptr", s.qo_indptr).present().dtype({DType::kI32}).ndim(1, "[batch_size + 1]")
-      .size(0, B + 1, "batch_size + 1").device(dev);
-  arg(fn, "kv_lens", s.kv_lens).present().dtype({DType::kI32}).ndim(1, "[batch_size]")
-      .size(0, B, "batch_size").device(dev);
-  MSA_CHECK(s.qo_indptr.stride(0) == 1 && s.kv_lens.stride(0) == 1, kValue, fn,
-            ": arguments 'qo_indptr' and 'kv_lens': expected contiguous, got strides ", s.qo_indptr.strides_str(),
-            " and ", s.kv_lens.strides_str());
-  SeqParams p;
-  p.batch_size = static_cast<int32_t>(B);
-  p.total_q = total_q;
-  p.qo_indptr = s.qo_indptr.data_as<const int32_t>();
-  p.kv_lens = s.kv_lens.data_as<const int32_t>();
-  if (s.qo_offset.defined()) {
-    arg(fn, "qo_offset", s.qo_offset).present().dtype({DType::kI32}).ndim(1, "[batch_size]")
-        .size(0, B, "batch_size").device(dev);
-    MSA_CHECK(s.qo_offset.stride(0) == 1, kValue, fn, ": argument 'qo_offset': expected contiguous, got strides ",
-              s.qo_offset.strides_str());
-    p.qo_offset = s.qo_offset.data_as<const int32_t>();
-  }
-  return p;
 }
 
 PageTableParams page_params(const char* fn, const PageTable& pt, int64_t B, Device dev, int64_t num_pages) {
@@ -85,106 +70,6 @@ PageTableParams page_params(const char* fn, const PageTable& pt, int64_t B, Devi
   return p;
 }
 
-// Host copies of the sequence tensors (views on the CPU, copies with validate on CUDA).
-struct HostSeqs {
-  HostInts qo_indptr, kv_lens, qo_offset;
-  int64_t qo_start(int64_t b) const { return qo_indptr.at(b); }
-  int64_t qo_len(int64_t b) const { return qo_indptr.at(b + 1) - qo_indptr.at(b); }
-  int64_t kv_len(int64_t b) const { return kv_lens.at(b); }
-  int64_t offset(int64_t b) const { return qo_offset.empty() ? kv_len(b) - qo_len(b) : qo_offset.at(b); }
-};
-
-HostSeqs host_seqs(const Sequences& s, void* stream) {
-  return HostSeqs{HostInts(s.qo_indptr, stream), HostInts(s.kv_lens, stream),
-                  s.qo_offset.defined() ? HostInts(s.qo_offset, stream) : HostInts()};
-}
-
-// Value checks of lengths: indptr monotone within total_q, kv_lens >= 0, causal offsets.
-void check_seq_values(const char* fn, const HostSeqs& h, int64_t B, int64_t total_q, bool causal,
-                      const Plan* plan) {
-  MSA_CHECK(h.qo_indptr.at(0) == 0, kValue, fn, ": argument 'qo_indptr': expected qo_indptr[0] = 0, got ",
-            h.qo_indptr.at(0));
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t ql = h.qo_len(b), kl = h.kv_len(b);
-    MSA_CHECK(ql >= 0, kValue, fn, ": argument 'qo_indptr': expected non-decreasing, got qo_indptr[", b, "] = ",
-              h.qo_indptr.at(b), " > qo_indptr[", b + 1, "] = ", h.qo_indptr.at(b + 1));
-    MSA_CHECK(kl >= 0, kValue, fn, ": argument 'kv_lens': expected >= 0, got ", kl, " at request ", b);
-    const int64_t off = h.offset(b);
-    if (causal)
-      MSA_CHECK(off >= 0 && off + ql <= kl, kValue, fn, ": argument '",
-                h.qo_offset.empty() ? "kv_lens" : "qo_offset",
-                "': expected qo_offset + qo_len <= kv_len and qo_offset >= 0 for causal attention, got qo_offset = ",
-                off, ", qo_len = ", ql, ", kv_len = ", kl, " at request ", b);
-    else
-      MSA_CHECK(off >= 0, kValue, fn, ": argument 'qo_offset': expected >= 0, got ", off, " at request ", b);
-    if (plan && plan->phase() == Phase::kDecode)
-      MSA_CHECK(ql <= plan->max_qo_len(), kValue, fn, ": argument 'qo_indptr': request ", b, " has ", ql,
-                " query tokens, more than the plan's max_qo_len = ", plan->max_qo_len());
-    if (plan && plan->phase() == Phase::kPrefill) {
-      MSA_CHECK(ql == plan->qo_lens()[b] && kl == plan->kv_lens()[b], kValue, fn,
-                ": arguments 'qo_indptr'/'kv_lens': request ", b, " has qo_len = ", ql, ", kv_len = ", kl,
-                " but the prefill plan was built for qo_len = ", plan->qo_lens()[b], ", kv_len = ",
-                plan->kv_lens()[b]);
-    }
-  }
-  MSA_CHECK(h.qo_indptr.at(B) <= total_q, kValue, fn, ": argument 'qo_indptr': expected qo_indptr[batch_size] <= ",
-            total_q, " (tokens in q), got ", h.qo_indptr.at(B));
-}
-
-// Page-table extent (every existing key has a row entry) and, when deep, the entries themselves.
-void check_page_values(const char* fn, const PageTable& pt, const PageTableParams& p, const HostSeqs& h,
-                       int64_t B, int64_t page_size, bool deep, void* stream) {
-  HostInts table(pt.table, stream);
-  HostInts indptr = pt.indptr.defined() ? HostInts(pt.indptr, stream) : HostInts();
-  if (!indptr.empty()) {
-    MSA_CHECK(indptr.at(0) >= 0, kValue, fn, ": argument 'page_indptr': expected page_indptr[0] >= 0, got ",
-              indptr.at(0));
-    for (int64_t b = 0; b < B; ++b)
-      MSA_CHECK(indptr.at(b + 1) >= indptr.at(b), kValue, fn, ": argument 'page_indptr': expected non-decreasing, ",
-                "got page_indptr[", b, "] = ", indptr.at(b), " > page_indptr[", b + 1, "] = ", indptr.at(b + 1));
-    MSA_CHECK(indptr.at(B) <= p.row_capacity, kValue, fn, ": argument 'page_indptr': expected page_indptr[",
-              B, "] <= ", p.row_capacity, " (entries in page_table), got ", indptr.at(B));
-  }
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t need = ceil_div(h.kv_len(b), page_size);
-    const int64_t have = indptr.empty() ? p.row_capacity : indptr.at(b + 1) - indptr.at(b);
-    MSA_CHECK(need <= have, kValue, fn, ": argument 'page_table': request ", b, " has kv_len = ", h.kv_len(b),
-              " (", need, " pages of ", page_size, " tokens) but its page-table row holds ", have, " entries");
-    if (!deep) continue;
-    const int64_t base = indptr.empty() ? 0 : indptr.at(b);
-    for (int64_t i = 0; i < need; ++i) {
-      const int64_t e = indptr.empty() ? table.at(b, i) : table.at(base + i);
-      MSA_CHECK(e >= 0 && e < p.num_pages, kValue, fn, ": argument 'page_table': request ", b, ", logical page ",
-                i, ": expected a page id in [0, ", p.num_pages, "), got ", e);
-    }
-  }
-}
-
-// Deep scan of block indexes: each non-negative entry < ceil(kv_len / 128), no duplicate in a row.
-void check_block_idx_values(const char* fn, const TensorView& bi, const HostSeqs& h, int64_t B, void* stream) {
-  HostInts v(bi, stream);
-  const int64_t heads = bi.size(1), topk = bi.size(2);
-  std::vector<int64_t> row(static_cast<size_t>(topk));
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t nblk = ceil_div(h.kv_len(b), kBlock);
-    for (int64_t t = h.qo_start(b); t < h.qo_start(b) + h.qo_len(b); ++t)
-      for (int64_t g = 0; g < heads; ++g) {
-        int64_t n = 0;
-        for (int64_t i = 0; i < topk; ++i) {
-          const int64_t e = v.at(t, g, i);
-          if (e < 0) continue;
-          MSA_CHECK(e < nblk, kValue, fn, ": argument 'block_idx': token ", t, ", head ", g, ", slot ", i,
-                    ": block ", e, " is out of range for kv_len = ", h.kv_len(b), " (", nblk, " blocks)");
-          row[n++] = e;
-        }
-        std::sort(row.begin(), row.begin() + n);
-        for (int64_t i = 1; i < n; ++i)
-          MSA_CHECK(row[i] != row[i - 1], kValue, fn, ": argument 'block_idx': token ", t, ", head ", g,
-                    ": block ", row[i], " is selected twice");
-      }
-  }
-}
-
 float resolve_scale(const char* fn, float s, int head_dim) {
   if (s == 0.f) return 1.0f / std::sqrt(static_cast<float>(head_dim));
   MSA_CHECK(std::isfinite(s), kValue, fn, ": argument 'sm_scale': expected a finite number, got ", s);
@@ -210,12 +95,19 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
   const Device dev = plan.device();
   const bool gpu = dev.is_cuda();
   check_cuda_ready(fn, dev);
-  // Named lists: a braced list's backing array lives only as long as the list it initialises, so
-  // choosing between two temporaries with ?: would leave float_types dangling.
-  const std::initializer_list<DType> gpu_types{DType::kBF16, DType::kF16};
-  const std::initializer_list<DType> cpu_types{DType::kBF16, DType::kF16, DType::kF32};
-  const auto float_types = gpu ? gpu_types : cpu_types;
-  arg(fn, "q", q).present().dtype(float_types).ndim(3, "[total_q, num_qo_heads, head_dim]").device(dev)
+  arg(fn, "q", q).present();
+  check_dtypes(fn, {{"q", q, float_types(gpu)},
+                    {"k", k, {q.dtype()}, "the dtype of q"},
+                    {"v", v, {q.dtype()}, "the dtype of q"},
+                    {"page_table", pages.table, {DType::kI32}},
+                    {"qo_indptr", seqs.qo_indptr, {DType::kI32}},
+                    {"kv_lens", seqs.kv_lens, {DType::kI32}},
+                    {"block_idx", block_idx, {DType::kI32}},
+                    {"qo_offset", seqs.qo_offset, {DType::kI32}},
+                    {"page_indptr", pages.indptr, {DType::kI32}},
+                    {"out", o, {q.dtype()}, "the dtype of q"},
+                    {"lse", lse, {DType::kF32}}});
+  arg(fn, "q", q).ndim(3, "[total_q, num_qo_heads, head_dim]").device(dev)
       .size(1, c.num_qo_heads, "num_qo_heads").size(2, c.head_dim, "head_dim").inner_contiguous().nonneg_strides();
   const int64_t total_q = q.size(0);
   if (plan.phase() == Phase::kPrefill)
@@ -223,22 +115,22 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
   else
     MSA_CHECK(total_q <= plan.total_q(), kValue, fn, ": argument 'q': expected shape[0] (total_q) <= ",
               plan.total_q(), " (batch_size * max_qo_len of the decode plan), got ", total_q);
-  arg(fn, "k", k).present().dtype({q.dtype()}).ndim(4, "[num_pages, num_kv_heads, page_size, head_dim]").device(dev)
+  arg(fn, "k", k).present().ndim(4, "[num_pages, num_kv_heads, page_size, head_dim]").device(dev)
       .size(1, c.num_kv_heads, "num_kv_heads").size(2, c.page_size, "page_size").size(3, c.head_dim, "head_dim")
       .inner_contiguous().nonneg_strides();
-  arg(fn, "v", v).present().dtype({q.dtype()}).ndim(4, "[num_pages, num_kv_heads, page_size, head_dim_v]")
+  arg(fn, "v", v).present().ndim(4, "[num_pages, num_kv_heads, page_size, head_dim_v]")
       .device(dev).size(0, k.size(0), "num_pages, as k").size(1, c.num_kv_heads, "num_kv_heads")
       .size(2, c.page_size, "page_size").size(3, c.dv(), "head_dim_v").inner_contiguous().nonneg_strides();
-  arg(fn, "out", o).present().dtype({q.dtype()}).ndim(3, "[total_q, num_qo_heads, head_dim_v]").device(dev)
+  arg(fn, "out", o).present().ndim(3, "[total_q, num_qo_heads, head_dim_v]").device(dev)
       .size(0, total_q, "total_q").size(1, c.num_qo_heads, "num_qo_heads").size(2, c.dv(), "head_dim_v")
       .inner_contiguous().nonneg_strides();
   if (lse.defined())
-    arg(fn, "lse", lse).present().dtype({DType::kF32}).ndim(2, "[total_q, num_qo_heads]").device(dev)
+    arg(fn, "lse", lse).present().ndim(2, "[total_q, num_qo_heads]").device(dev)
         .size(0, total_q, "total_q").size(1, c.num_qo_heads, "num_qo_heads").nonneg_strides();
   if (c.topk > 0) {
     MSA_CHECK(block_idx.defined(), kValue, fn, ": argument 'block_idx' is required: the plan is sparse (topk = ",
               c.topk, ")");
-    arg(fn, "block_idx", block_idx).present().dtype({DType::kI32}).ndim(3, "[total_q, num_kv_heads, topk]")
+    arg(fn, "block_idx", block_idx).present().ndim(3, "[total_q, num_kv_heads, topk]")
         .device(dev).size(0, total_q, "total_q").size(1, c.num_kv_heads, "num_kv_heads").size(2, c.topk, "topk")
         .nonneg_strides();
   } else {
@@ -288,8 +180,8 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
   if (!gpu || opts.validate) {
     HostSeqs h = host_seqs(seqs, opts.stream);
     check_seq_values(fn, h, B, total_q, c.causal, &plan);
-    check_page_values(fn, pages, p.pages, h, B, c.page_size, opts.validate, opts.stream);
-    if (opts.validate && c.topk > 0) check_block_idx_values(fn, block_idx, h, B, opts.stream);
+    check_page_values(fn, pages, p.pages, h, B, c.page_size, /*entries=*/true, opts.stream);
+    if (c.topk > 0) check_block_idx_values(fn, block_idx, h, B, opts.stream);
   }
   if (total_q == 0) return;
   if (gpu)
@@ -305,23 +197,26 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
   const Device dev = q.device();
   const bool gpu = dev.is_cuda();
   check_cuda_ready(fn, dev);
-  // Named lists: a braced list's backing array lives only as long as the list it initialises, so
-  // choosing between two temporaries with ?: would leave float_types dangling.
-  const std::initializer_list<DType> gpu_types{DType::kBF16, DType::kF16};
-  const std::initializer_list<DType> cpu_types{DType::kBF16, DType::kF16, DType::kF32};
-  const auto float_types = gpu ? gpu_types : cpu_types;
-  arg(fn, "q", q).present().dtype(float_types).ndim(3, "[total_q, num_heads, head_dim]").inner_contiguous()
-      .nonneg_strides();
+  arg(fn, "q", q).present();
+  check_dtypes(fn, {{"q", q, float_types(gpu)},
+                    {"k_index", k_index, {q.dtype(), DType::kF8E4M3}, "the dtype of q, or fp8 with k_scale"},
+                    {"page_table", pages.table, {DType::kI32}},
+                    {"qo_indptr", seqs.qo_indptr, {DType::kI32}},
+                    {"kv_lens", seqs.kv_lens, {DType::kI32}},
+                    {"qo_offset", seqs.qo_offset, {DType::kI32}},
+                    {"page_indptr", pages.indptr, {DType::kI32}},
+                    {"k_scale", k_scale, {DType::kF32}},
+                    {"out", out, {DType::kF32}}});
+  arg(fn, "q", q).ndim(3, "[total_q, num_heads, head_dim]").inner_contiguous().nonneg_strides();
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   arg(fn, "k_index", k_index).present().ndim(4, "[num_pages, num_k_heads, page_size, head_dim]").device(dev)
       .size(3, D, "head_dim, as q").inner_contiguous().nonneg_strides();
   const bool fp8 = k_index.dtype() == DType::kF8E4M3;
   if (fp8) {
-    arg(fn, "k_scale", k_scale).present().dtype({DType::kF32}).ndim(3, "[num_pages, num_k_heads, page_size]")
+    arg(fn, "k_scale", k_scale).present().ndim(3, "[num_pages, num_k_heads, page_size]")
         .device(dev).size(0, k_index.size(0), "num_pages, as k_index").size(1, k_index.size(1), "num_k_heads")
         .size(2, k_index.size(2), "page_size").nonneg_strides();
   } else {
-    arg(fn, "k_index", k_index).dtype({q.dtype(), DType::kF8E4M3});
     MSA_CHECK(!k_scale.defined(), kValue, fn, ": argument 'k_scale': only used with float8_e4m3fn k_index, got k_index ",
               dtype_name(k_index.dtype()));
   }
@@ -330,7 +225,7 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
             "num_heads = ", H, ", got ", Hk);
   const int64_t B = seqs.kv_lens.defined() ? seqs.kv_lens.size(0) : 0;
   MSA_CHECK(B >= 1, kValue, fn, ": argument 'kv_lens': expected at least one request");
-  arg(fn, "out", out).present().dtype({DType::kF32}).device(dev).nonneg_strides();
+  arg(fn, "out", out).present().device(dev).nonneg_strides();
   int64_t max_blocks;
   BlockScoresParams p;
   if (layout == ScoreLayout::kHKT) {
@@ -376,7 +271,7 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
       MSA_CHECK(ceil_div(h.kv_len(b), kBlock) <= max_blocks, kValue, fn, ": argument 'out': request ", b,
                 " has kv_len = ", h.kv_len(b), " (", ceil_div(h.kv_len(b), kBlock),
                 " blocks) but out holds max_blocks = ", max_blocks);
-    check_page_values(fn, pages, p.pages, h, B, k_index.size(2), opts.validate, opts.stream);
+    check_page_values(fn, pages, p.pages, h, B, k_index.size(2), /*entries=*/true, opts.stream);
   }
   if (T == 0 || max_blocks == 0) return;
   if (gpu)
@@ -391,17 +286,36 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
   const Device dev = scores.device();
   const bool gpu = dev.is_cuda();
   check_cuda_ready(fn, dev);
-  arg(fn, "scores", scores).present().dtype({DType::kF32}).nonneg_strides();
+  arg(fn, "scores", scores).present();
+  check_dtypes(fn, {{"scores", scores, {DType::kF32}},
+                    {"qo_indptr", seqs.qo_indptr, {DType::kI32}},
+                    {"kv_lens", seqs.kv_lens, {DType::kI32}},
+                    {"qo_offset", seqs.qo_offset, {DType::kI32}},
+                    {"out", out, {DType::kI32}}});
+  const bool hkt = layout == ScoreLayout::kHKT;
+  arg(fn, "scores", scores)
+      .ndim(3, hkt ? "[num_heads, max_blocks, total_q] (HKT)" : "[total_q, num_heads, max_blocks] (THK)")
+      .nonneg_strides();
   SelectTopkParams p;
-  int64_t T, H, NB;
-  if (layout == ScoreLayout::kHKT) {
-    arg(fn, "scores", scores).ndim(3, "[num_heads, max_blocks, total_q] (HKT)");
-    H = scores.size(0), NB = scores.size(1), T = scores.size(2);
-    p.s_stride_head = scores.stride(0), p.s_stride_block = scores.stride(1), p.s_stride_token = scores.stride(2);
-  } else {
-    arg(fn, "scores", scores).ndim(3, "[total_q, num_heads, max_blocks] (THK)");
-    T = scores.size(0), H = scores.size(1), NB = scores.size(2);
-    p.s_stride_token = scores.stride(0), p.s_stride_head = scores.stride(1), p.s_stride_block = scores.stride(2);
+  const int64_t T = scores.size(hkt ? 2 : 0), H = scores.size(hkt ? 0 : 1), NB = scores.size(hkt ? 1 : 2);
+  p.s_stride_token = scores.stride(hkt ? 2 : 0);
+  p.s_stride_head = scores.stride(hkt ? 0 : 1);
+  p.s_stride_block = scores.stride(hkt ? 1 : 2);
+  const int64_t B = seqs.kv_lens.defined() ? seqs.kv_lens.size(0) : 0;
+  MSA_CHECK(B >= 1, kValue, fn, ": argument 'kv_lens': expected at least one request");
+  p.seqs = seq_params(fn, seqs, B, dev, T);
+  // The scores against the lengths before anything is checked against the scores: scores of the wrong
+  // shape (or layout) are reported as such, not as a qo_indptr past the scores' tokens.
+  std::optional<HostSeqs> h;
+  if (!gpu || opts.validate) {
+    h = host_seqs(seqs, opts.stream);
+    int64_t need_t = std::max<int64_t>(h->qo_indptr.at(B), 0), need_nb = 0;
+    for (int64_t b = 0; b < B; ++b) need_nb = std::max(need_nb, ceil_div(std::max<int64_t>(h->kv_len(b), 0), kBlock));
+    MSA_CHECK(T >= need_t && NB >= need_nb, kValue, fn, ": argument 'scores': expected shape ",
+              hkt ? "[num_heads, max_blocks >= " : "[total_q >= ", hkt ? need_nb : need_t,
+              hkt ? ", total_q >= " : ", num_heads, max_blocks >= ", hkt ? need_t : need_nb, "] (layout ",
+              hkt ? "HKT" : "THK", "; total_q from qo_indptr[batch_size], max_blocks = ceil(max kv_len / 128)), got ",
+              scores.shape_str());
   }
   const int max_topk = gpu ? 64 : 1 << 20;
   MSA_CHECK(topk >= 1 && topk <= max_topk, kValue, fn, ": argument 'topk': expected 1..", max_topk, ", got ", topk);
@@ -410,14 +324,11 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
   MSA_CHECK(force_begin + force_end <= topk, kValue, fn,
             ": arguments 'force_begin' + 'force_end': expected <= topk = ", topk, ", got ",
             force_begin + force_end);
-  arg(fn, "out", out).present().dtype({DType::kI32}).ndim(3, "[total_q, num_heads, topk]").device(dev)
+  arg(fn, "out", out).present().ndim(3, "[total_q, num_heads, topk]").device(dev)
       .size(0, T, "total_q").size(1, H, "num_heads").size(2, topk, "topk").nonneg_strides();
-  const int64_t B = seqs.kv_lens.defined() ? seqs.kv_lens.size(0) : 0;
-  MSA_CHECK(B >= 1, kValue, fn, ": argument 'kv_lens': expected at least one request");
   p.scores = scores.data_as<const float>();
   p.num_heads = static_cast<int32_t>(H);
   p.max_blocks = static_cast<int32_t>(NB);
-  p.seqs = seq_params(fn, seqs, B, dev, T);
   p.topk = topk;
   p.force_begin = force_begin;
   p.force_end = force_end;
@@ -426,14 +337,7 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
   p.out_stride_token = out.stride(0);
   p.out_stride_head = out.stride(1);
   p.out_stride_k = out.stride(2);
-  if (!gpu || opts.validate) {
-    HostSeqs h = host_seqs(seqs, opts.stream);
-    check_seq_values(fn, h, B, T, causal, nullptr);
-    for (int64_t b = 0; b < B; ++b)
-      MSA_CHECK(ceil_div(h.kv_len(b), kBlock) <= NB, kValue, fn, ": argument 'scores': request ", b,
-                " has kv_len = ", h.kv_len(b), " (", ceil_div(h.kv_len(b), kBlock), " blocks) but scores hold ",
-                "max_blocks = ", NB);
-  }
+  if (h) check_seq_values(fn, *h, B, T, causal, nullptr, "scores");
   if (T == 0) return;
   if (gpu)
     cuda::select_topk(p, opts.stream);
@@ -447,16 +351,20 @@ void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const 
   const Device dev = v_parts.device();
   const bool gpu = dev.is_cuda();
   check_cuda_ready(fn, dev);
-  arg(fn, "v_parts", v_parts).present().dtype({DType::kF32, DType::kBF16, DType::kF16})
+  check_dtypes(fn, {{"v_parts", v_parts, {DType::kF32, DType::kBF16, DType::kF16}},
+                    {"lse_parts", lse_parts, {DType::kF32}},
+                    {"out", o, {DType::kF32, DType::kBF16, DType::kF16}},
+                    {"lse_out", lse_out, {DType::kF32}}});
+  arg(fn, "v_parts", v_parts).present()
       .ndim(4, "[num_splits, total_q, num_heads, head_dim]").inner_contiguous().nonneg_strides();
   const int64_t S = v_parts.size(0), T = v_parts.size(1), H = v_parts.size(2), D = v_parts.size(3);
-  arg(fn, "lse_parts", lse_parts).present().dtype({DType::kF32}).ndim(3, "[num_splits, total_q, num_heads]")
+  arg(fn, "lse_parts", lse_parts).present().ndim(3, "[num_splits, total_q, num_heads]")
       .device(dev).size(0, S, "num_splits").size(1, T, "total_q").size(2, H, "num_heads").nonneg_strides();
-  arg(fn, "out", o).present().dtype({DType::kF32, DType::kBF16, DType::kF16}).ndim(3, "[total_q, num_heads, head_dim]")
+  arg(fn, "out", o).present().ndim(3, "[total_q, num_heads, head_dim]")
       .device(dev).size(0, T, "total_q").size(1, H, "num_heads").size(2, D, "head_dim").inner_contiguous()
       .nonneg_strides();
   if (lse_out.defined())
-    arg(fn, "lse_out", lse_out).present().dtype({DType::kF32}).ndim(2, "[total_q, num_heads]").device(dev)
+    arg(fn, "lse_out", lse_out).present().ndim(2, "[total_q, num_heads]").device(dev)
         .size(0, T, "total_q").size(1, H, "num_heads").nonneg_strides();
   MergeParams p;
   p.v_dtype = scalar_type(v_parts.dtype());
@@ -489,15 +397,19 @@ void build_page_table(const TensorView& req_to_token, const TensorView& req_pool
   const Device dev = req_to_token.device();
   const bool gpu = dev.is_cuda();
   check_cuda_ready(fn, dev);
-  arg(fn, "req_to_token", req_to_token).present().dtype({DType::kI32}).ndim(2, "[pool_size, max_context]")
+  check_dtypes(fn, {{"req_to_token", req_to_token, {DType::kI32}},
+                    {"req_pool_indices", req_pool_indices, {DType::kI32, DType::kI64}},
+                    {"seq_lens", seq_lens, {DType::kI32, DType::kI64}},
+                    {"out", out, {DType::kI32}}});
+  arg(fn, "req_to_token", req_to_token).present().ndim(2, "[pool_size, max_context]")
       .nonneg_strides();
-  arg(fn, "req_pool_indices", req_pool_indices).present().dtype({DType::kI32, DType::kI64}).ndim(1, "[batch_size]")
+  arg(fn, "req_pool_indices", req_pool_indices).present().ndim(1, "[batch_size]")
       .device(dev);
   const int64_t B = req_pool_indices.size(0);
-  arg(fn, "seq_lens", seq_lens).present().dtype({DType::kI32, DType::kI64}).ndim(1, "[batch_size]").device(dev)
+  arg(fn, "seq_lens", seq_lens).present().ndim(1, "[batch_size]").device(dev)
       .size(0, B, "batch_size");
   MSA_CHECK(page_size > 0, kValue, fn, ": argument 'page_size': expected > 0, got ", page_size);
-  arg(fn, "out", out).present().dtype({DType::kI32}).ndim(2, "[batch_size, max_pages]").device(dev)
+  arg(fn, "out", out).present().ndim(2, "[batch_size, max_pages]").device(dev)
       .size(0, B, "batch_size").nonneg_strides();
   MSA_CHECK(out.size(1) <= 1 || out.stride(1) == 1, kValue, fn,
             ": argument 'out': expected contiguous rows, got strides ", out.strides_str());

@@ -1,5 +1,7 @@
 // sparse_attention_layer: the indexer's two steps and the sparse attention, composed. Each step
 // validates its own arguments; this adds only the checks that tie them together.
+#include "core/checks.h"
+#include "core/value_checks.h"
 #include "msa/error.h"
 #include "msa/ops.h"
 
@@ -21,6 +23,13 @@ void sparse_attention_layer(const Plan& plan, const TensorView& q, const TensorV
             ": argument 'k_index': expected [num_pages, num_k_heads, page_size = ", c.page_size,
             ", index_head_dim] (it shares the page table of k and v), got shape ",
             index.k.defined() ? index.k.shape_str() : std::string("None"));
+  // The lengths against the plan first (where they are host-readable, as in each step): lengths past a
+  // decode plan's limits are reported as such, not as a scores workspace too small for them.
+  if (!plan.device().is_cuda() || opts.validate) {
+    detail::seq_params(fn, seqs, plan.batch_size(), plan.device(), index.q.size(0));
+    detail::check_seq_values(fn, detail::host_seqs(seqs, opts.stream), plan.batch_size(), index.q.size(0), c.causal,
+                             &plan, "q_index");
+  }
   block_scores(index.q, index.k, index.k_scale, pages, seqs, scores, layout, c.causal, opts);
   select_topk(scores, layout, seqs, c.topk, force_begin, force_end, block_idx, c.causal, opts);
   attention(plan, q, k, v, pages, seqs, block_idx, o, lse, opts);

@@ -17,6 +17,38 @@ const char* dtype_name(DType t) {
   }
 }
 
+std::string dtype_name(DLDataType t) {
+  if (t.bits == 0) return "unknown";
+  const DType known = dtype_from_dl(t);
+  if (known != DType::kUnknown) return dtype_name(known);
+  // Codes of DLPack 1.1 (numeric: older dlpack.h releases lack the names past kDLBool).
+  const char* kind = nullptr;
+  switch (t.code) {
+    case 0: kind = "int"; break;
+    case 1: kind = "uint"; break;
+    case 2: kind = "float"; break;
+    case 4: kind = "bfloat"; break;
+    case 5: kind = "complex"; break;
+    case 6: kind = "bool"; break;
+    case 7: kind = "float8_e3m4"; break;
+    case 8: kind = "float8_e4m3"; break;
+    case 9: kind = "float8_e4m3b11fnuz"; break;
+    case 10: kind = "float8_e4m3fn"; break;
+    case 11: kind = "float8_e4m3fnuz"; break;
+    case 12: kind = "float8_e5m2"; break;
+    case 13: kind = "float8_e5m2fnuz"; break;
+    case 14: kind = "float8_e8m0fnu"; break;
+    case 15: kind = "float6_e2m3fn"; break;
+    case 16: kind = "float6_e3m2fn"; break;
+    case 17: kind = "float4_e2m1fn"; break;
+    default: break;
+  }
+  const std::string lanes = t.lanes != 1 ? detail::concat("x", t.lanes) : std::string();
+  if (kind == nullptr) return detail::concat("(DLPack code ", int(t.code), ", bits ", int(t.bits), ")", lanes);
+  if (t.code <= 5) return detail::concat(kind, int(t.bits), lanes);  // int8, float64, complex64: width in the name
+  return kind + lanes;
+}
+
 int dtype_bytes(DType t) {
   switch (t) {
     case DType::kF32: case DType::kI32: return 4;
@@ -70,10 +102,7 @@ static Device device_from_dl(DLDevice d) {
 TensorView::TensorView(const DLTensor& t) {
   MSA_CHECK(t.ndim >= 0 && t.ndim <= kMaxDims, kValue, "msa: tensor rank ", t.ndim, " not supported (max ",
             kMaxDims, ")");
-  DType dt = dtype_from_dl(t.dtype);
-  MSA_CHECK(dt != DType::kUnknown, kType, "msa: unsupported DLPack dtype (code ", int(t.dtype.code), ", bits ",
-            int(t.dtype.bits), ", lanes ", int(t.dtype.lanes), ")");
-  init(t.data ? static_cast<char*>(t.data) + t.byte_offset : nullptr, dt, t.ndim, t.shape, t.strides,
+  init(t.data ? static_cast<char*>(t.data) + t.byte_offset : nullptr, t.dtype, t.ndim, t.shape, t.strides,
        device_from_dl(t.device));
 }
 
@@ -82,19 +111,25 @@ TensorView::TensorView(void* data, DType dtype, std::initializer_list<int64_t> s
   MSA_CHECK(strides.size() == 0 || strides.size() == shape.size(), kValue,
             "msa: TensorView: strides rank ", strides.size(), " != shape rank ", shape.size());
   MSA_CHECK(shape.size() <= size_t(kMaxDims), kValue, "msa: tensor rank ", shape.size(), " not supported");
-  init(data, dtype, int(shape.size()), shape.begin(), strides.size() ? strides.begin() : nullptr, device);
+  init(data, dtype_to_dl(dtype), int(shape.size()), shape.begin(), strides.size() ? strides.begin() : nullptr,
+       device);
 }
 
 TensorView::TensorView(void* data, DType dtype, int ndim, const int64_t* shape, const int64_t* strides,
+                       Device device)
+    : TensorView(data, dtype_to_dl(dtype), ndim, shape, strides, device) {}
+
+TensorView::TensorView(void* data, DLDataType dtype, int ndim, const int64_t* shape, const int64_t* strides,
                        Device device) {
   MSA_CHECK(ndim >= 0 && ndim <= kMaxDims, kValue, "msa: tensor rank ", ndim, " not supported");
   init(data, dtype, ndim, shape, strides, device);
 }
 
-void TensorView::init(void* data, DType dtype, int ndim, const int64_t* shape, const int64_t* strides,
+void TensorView::init(void* data, DLDataType dtype, int ndim, const int64_t* shape, const int64_t* strides,
                       Device device) {
   data_ = data;
-  dtype_ = dtype;
+  dtype_ = dtype_from_dl(dtype);
+  dl_dtype_ = dtype;
   device_ = device;
   ndim_ = ndim;
   // A tensor of no elements addresses no memory, so its strides say nothing; exporters give such tensors any

@@ -234,52 +234,44 @@ TEST(Attention, LseIsOptional) {
   for (int64_t i = 0; i < o.numel(); ++i) ASSERT_EQ(o.get(i), with_lse.o.get(i)) << "element " << i;
 }
 
-TEST(Attention, DuplicateEntriesCountOnce) {
+// The CPU backend reads the index tensors on the host, so it always checks them (contract §6) and refuses
+// what the GPU kernels skip (duplicates, blocks past the request, page ids outside the pool; the GPU tests
+// check those skips): the message names the argument, the entry, the range and the value.
+TEST(Attention, TheCpuBackendRefusesDuplicateEntries) {
   const Problem pr = make_problem(spec_of({150}, {600}, 5));
   IndexRows dup = pr.rows;
-  int64_t made = 0;
-  for (int64_t t = 0; t < pr.total_q; ++t)
-    for (int64_t g = 0; g < pr.spec.num_kv_heads; ++g) {
-      int32_t entry = -1;
-      for (int i = 0; i < dup.topk; ++i) entry = std::max(entry, dup.at(t, g, i));
-      for (int i = 0; i < dup.topk && entry >= 0; ++i)
-        if (dup.at(t, g, i) < 0) {
-          dup.at(t, g, i) = entry;  // the row's largest entry, a second time
-          ++made;
-          break;
-        }
-    }
-  ASSERT_GT(made, 0);
-  expect_attention_matches(pr, run_attention(pr, &dup), naive_attention(pr));
+  dup.at(7, 1, 0) = 2;
+  dup.at(7, 1, 3) = 2;
+  expect_msa_error([&] { run_attention(pr, &dup); }, msa::ErrorKind::kValue,
+                   {"msa.attention", "'block_idx'", "token 7, head 1", "block 2", "twice"});
 }
 
-TEST(Attention, OutOfRangeEntriesAreIgnored) {
-  // Without validate, entries >= ceil(kv_len / 128) select nothing (and are never read as pages).
+TEST(Attention, TheCpuBackendRefusesBlocksPastTheRequest) {
   const Problem pr = make_problem(spec_of({150, 20}, {600, 20}, 5));
-  IndexRows bad = pr.rows;
-  const int32_t junk[] = {5, 6, 1000, INT_MAX};
-  int64_t made = 0;
-  for (int64_t t = 0; t < pr.total_q; ++t)
-    for (int64_t g = 0; g < pr.spec.num_kv_heads; ++g)
-      for (int i = 0; i < bad.topk; ++i)
-        if (bad.at(t, g, i) < 0) {
-          bad.at(t, g, i) = junk[made++ % 4];
-          break;
-        }
-  ASSERT_GT(made, 0);
-  expect_attention_matches(pr, run_attention(pr, &bad), naive_attention(pr));
+  for (int32_t junk : {5, 6, 1000, INT_MAX}) {
+    SCOPED_TRACE(junk);
+    IndexRows bad = pr.rows;
+    bad.at(3, 0, 4) = junk;  // request 0: ceil(600 / 128) = 5 blocks
+    expect_msa_error([&] { run_attention(pr, &bad); }, msa::ErrorKind::kValue,
+                     {"msa.attention", "'block_idx'", "token 3, head 0, slot 4", "block " + std::to_string(junk),
+                      "[0, 5)"});
+  }
 }
 
-TEST(Attention, InvalidPageIdsHideTheirKeys) {
+TEST(Attention, TheCpuBackendRefusesPageIdsOutsideThePool) {
   for (bool flat : {false, true}) {
     SCOPED_TRACE(flat ? "flat table" : "dense table");
     ProblemSpec s = spec_of({100, 64}, {500, 300});
     s.flat_table = flat;
     s.topk = 4;
     Problem pr = make_problem(s);
-    pr.set_page(0, 1, -1);
     pr.set_page(1, 0, pr.num_pages + 7);
-    expect_attention_matches(pr, run_attention(pr), naive_attention(pr));
+    expect_msa_error([&] { run_attention(pr); }, msa::ErrorKind::kValue,
+                     {"msa.attention", "'page_table'", "request 1, logical page 0",
+                      "[0, " + std::to_string(pr.num_pages) + ")", "got " + std::to_string(pr.num_pages + 7)});
+    pr.set_page(0, 1, -1);
+    expect_msa_error([&] { run_attention(pr); }, msa::ErrorKind::kValue,
+                     {"msa.attention", "'page_table'", "request 0, logical page 1", "got -1"});
   }
 }
 

@@ -154,12 +154,13 @@ TEST(BlockScores, PagedLayoutsAndPaddedOutput) {
   check_block_scores(s, 1, 3);
 }
 
-TEST(BlockScores, InvalidPagesAreSkipped) {
+TEST(BlockScores, TheCpuBackendRefusesPageIdsOutsideThePool) {
+  // The GPU kernels skip such pages (GPU tests); the CPU backend reads the table on the host and refuses them.
   Problem pr = make_problem(index_spec({120}, {500}));
-  pr.set_page(0, 1, -1);
   pr.set_page(0, 3, pr.num_pages);
-  const std::vector<double> ref = naive_block_scores(pr, 4);
-  expect_scores_match(pr, run_block_scores(pr, 4, ScoreLayout::kTHK), ref);
+  expect_msa_error([&] { run_block_scores(pr, 4, ScoreLayout::kTHK); }, msa::ErrorKind::kValue,
+                   {"msa.block_scores", "'page_table'", "request 0, logical page 3",
+                    "got " + std::to_string(pr.num_pages)});
 }
 
 // ---- select_topk ----

@@ -24,6 +24,9 @@ std::vector<int64_t> shape_of(const TensorView& t) { return {t.shape(), t.shape(
 std::vector<int64_t> strides_of(const TensorView& t) { return {t.strides(), t.strides() + t.ndim()}; }
 
 TensorView with_dtype(const TensorView& t, DType d) { return remake(t, shape_of(t), strides_of(t), d, t.device()); }
+TensorView with_dl_dtype(const TensorView& t, DLDataType d) {  // any DLPack dtype, also those msa does not take
+  return TensorView(t.data(), d, t.ndim(), t.shape(), t.strides(), t.device());
+}
 TensorView with_device(const TensorView& t, msa::Device d) {
   return remake(t, shape_of(t), strides_of(t), t.dtype(), d);
 }
@@ -224,10 +227,10 @@ std::function<void()> attn_values(std::function<void(std::vector<int32_t>& qo_in
 using V = std::vector<int32_t>;
 
 // A decode plan over the first `rows` tokens of the problem (q, o, lse, block_idx cut to them).
-std::function<void()> decode_call(int batch, int max_qo, V qo_indptr, int64_t rows) {
+std::function<void()> decode_call(int batch, int max_qo, V qo_indptr, int64_t rows, int64_t max_kv = 4096) {
   return [=] {
     AttnArgs a = valid_attention();
-    a.plan = msa::plan_decode(a.plan.config(), {}, batch, max_qo, 4096);
+    a.plan = msa::plan_decode(a.plan.config(), {}, batch, max_qo, max_kv);
     a.q = with_size(a.q, 0, rows), a.o = with_size(a.o, 0, rows), a.lse = with_size(a.lse, 0, rows);
     a.block_idx = with_size(a.block_idx, 0, rows);
     const V kv = {300, 5};
@@ -254,7 +257,19 @@ std::vector<BadCase> attention_cases() {
        attn([](AttnArgs& a) { a.q = with_size(a.q, 0, a.q.size(0) - 1); })},
       {"QTokensAboveDecodePlan", Vk, {fn, "'q'", "decode plan"},
        attn([](AttnArgs& a) { a.plan = msa::plan_decode(a.plan.config(), {}, 2, 1, 4096); })},
-      {"KDtypeDiffersFromQ", T, {fn, "'k'", "bfloat16"}, attn([](AttnArgs& a) { a.k = with_dtype(a.k, DType::kF16); })},
+      {"KDtypeDiffersFromQ", T, {fn, "'k'", "bfloat16 (the dtype of q), got float16"},
+       attn([](AttnArgs& a) { a.k = with_dtype(a.k, DType::kF16); })},
+      // A dtype msa takes nowhere is named as such, for the first argument (in the order of the signature)
+      // whose dtype is wrong.
+      {"KFloat64", T, {fn, "'k'", "got float64"}, attn([](AttnArgs& a) { a.k = with_dl_dtype(a.k, {2, 64, 1}); })},
+      {"FirstWrongDtypeIsNamed", T, {fn, "'q'", "expected dtype bfloat16, float16 or float32, got int32"},
+       attn([](AttnArgs& a) {
+         a.q = with_dtype(a.q, DType::kI32);
+         a.k = with_dl_dtype(a.k, {2, 64, 1});
+         a.v = with_dtype(a.v, DType::kF32);
+       })},
+      {"LseBool", T, {fn, "'lse'", "expected dtype float32, got bool"},
+       attn([](AttnArgs& a) { a.lse = with_dl_dtype(a.lse, {6, 8, 1}); })},
       {"KRank", Vk, {fn, "'k'", "4 dimensions"}, attn([](AttnArgs& a) { a.k = first_dims(a.k, 3); })},
       {"KDeviceKind", T, {fn, "'k'"}, attn([](AttnArgs& a) { a.k = with_device(a.k, kCuda); })},
       {"KHeads", Vk, {fn, "'k'", "num_kv_heads"}, attn([](AttnArgs& a) { a.k = with_size(a.k, 1, 1); })},
@@ -333,6 +348,8 @@ std::vector<BadCase> attention_cases() {
        attn_values([](V&, V& kv, V&, V&, V&, IndexRows&) { kv[0] = 299; })},
       {"DecodeQoLenAbovePlan", Vk, {fn, "'qo_indptr'", "max_qo_len = 1"}, decode_call(2, 1, {0, 2, 2}, 2)},
       {"QoIndptrPastTokensInQ", Vk, {fn, "'qo_indptr'", "tokens in q"}, decode_call(2, 2, {0, 1, 3}, 2)},
+      {"DecodeKvLenAbovePlan", Vk, {fn, "'kv_lens'", "kv_len = 300", "max_kv_len = 299"},
+       decode_call(2, 1, {0, 1, 2}, 2, 299)},
       {"PageIndptrFirstNegative", Vk, {fn, "'page_indptr'"},
        attn_values([](V&, V&, V&, V&, V& ip, IndexRows&) { ip[0] = -1; }, true)},
       {"PageIndptrDecreasing", Vk, {fn, "'page_indptr'", "non-decreasing"},
@@ -505,9 +522,18 @@ std::vector<BadCase> select_cases() {
       {"OutDeviceKind", T, {fn, "'out'"}, select([](SelectArgs& a) { a.out = with_device(a.out, kCuda); })},
       {"OutNegativeStride", Vk, {fn, "'out'"}, select([](SelectArgs& a) { a.out = with_stride(a.out, 1, -4); })},
       {"NoKvLens", Vk, {fn, "'kv_lens'"}, select([](SelectArgs& a) { a.seqs.kv_lens = TensorView(); })},
-      {"ScoresTooFewBlocks", Vk, {fn, "'scores'", "max_blocks = 2"},
+      // Scores of the wrong shape are named, with the shape the lengths need, before the lengths are.
+      {"ScoresTooFewBlocks", Vk, {fn, "'scores'", "max_blocks >= 3", "got [2, 2, 25]"},
        select([](SelectArgs& a) { a.scores = with_size(a.scores, 1, 2); })},
-      {"QoIndptrPastScores", Vk, {fn, "'qo_indptr'"}, [] {
+      {"ScoresFewerTokensThanQoIndptr", Vk, {fn, "'scores'", "total_q >= 25", "got [2, 3, 20]"},
+       select([](SelectArgs& a) {
+         a.scores = with_size(a.scores, 2, 20);
+         a.out = with_size(a.out, 0, 20);
+       })},
+      {"ScoresInTheOtherLayout", Vk, {fn, "'scores'", "total_q >= 25", "got [25, 2, 3]"}, select([](SelectArgs& a) {
+         a.scores = with_shape(a.scores, {25, 2, 3}, {6, 3, 1});
+       })},
+      {"QoIndptrPastScores", Vk, {fn, "'scores'", "total_q >= 26"}, [] {
          SelectArgs a = valid_select();
          const V qo_indptr = {0, 20, 26}, kv = {300, 6};
          a.seqs = {int_view(qo_indptr), int_view(kv), {}};

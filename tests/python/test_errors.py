@@ -89,6 +89,100 @@ def test_validate_reports_bad_page_ids(case):
         call(plan, a, page_table=pt, validate=True)
 
 
+def test_dtype_errors_name_the_first_wrong_argument(case):
+    """The first argument (in the order of the signature) whose dtype is wrong is named, with the dtypes it
+    takes: only float types for q, q's dtype for k, v and out. Dtypes msa takes nowhere (float64, bool) are
+    reported by the same checks, not by the import."""
+    prob, plan, a = case
+    with pytest.raises(TypeError) as info:
+        call(plan, a, q=a["q"].astype(np.int32), k_cache=a["k_cache"].astype(np.float64))
+    assert str(info.value) == ("msa.attention: argument 'q': expected dtype bfloat16, float16 or float32, "
+                               "got int32")
+    with pytest.raises(TypeError) as info:
+        call(plan, a, q=a["q"].astype(np.float64))
+    assert str(info.value) == ("msa.attention: argument 'q': expected dtype bfloat16, float16 or float32, "
+                               "got float64")
+    with pytest.raises(TypeError, match=r"^msa.attention: argument 'k': expected dtype float32 \(the dtype of q\), "
+                                        r"got float16$"):
+        call(plan, a, k_cache=a["k_cache"].astype(np.float16))
+    with pytest.raises(TypeError, match=r"argument 'v': expected dtype float32 \(the dtype of q\), got float64"):
+        call(plan, a, v_cache=a["v_cache"].astype(np.float64))
+    with pytest.raises(TypeError, match=r"argument 'kv_lens': expected dtype int32, got bool"):
+        call(plan, a, kv_lens=a["kv_lens"].astype(bool))
+    with pytest.raises(TypeError, match=r"argument 'block_idx': expected dtype int32, got int8"):
+        call(plan, a, block_idx=a["block_idx"].astype(np.int8))
+
+
+def test_cpu_backend_always_checks_page_ids_and_block_indexes(case):
+    """The CPU backend reads the index tensors on the host anyway: without validate= it refuses what the GPU
+    kernels would skip, naming the argument, the entry, the range and the value."""
+    prob, plan, a = case
+    pt = a["page_table"].copy()
+    pt[1, 0] = 10_000
+    num_pages = a["k_cache"].shape[0]
+    with pytest.raises(ValueError, match=rf"^msa.attention: argument 'page_table': request 1, logical page 0: "
+                                         rf"expected a page id in \[0, {num_pages}\) .*got 10000$"):
+        call(plan, a, page_table=pt)
+    bi = a["block_idx"].copy()
+    bi[3, 1, 0] = 7  # request 0 has ceil(300 / 128) = 3 blocks
+    with pytest.raises(ValueError, match=r"^msa.attention: argument 'block_idx': token 3, head 1, slot 0: block 7 "
+                                         r"is out of range: expected a block in \[0, 3\)"):
+        call(plan, a, block_idx=bi)
+    bi = np.full_like(a["block_idx"], -1)
+    bi[6, 0, :2] = 1
+    with pytest.raises(ValueError, match=r"'block_idx': token 6, head 0: block 1 is selected twice"):
+        call(plan, a, block_idx=bi)
+
+
+def test_block_scores_checks_page_ids_on_the_cpu(rng):
+    prob = mt.make_problem(rng, qo_lens=[5], kv_lens=[300], num_qo_heads=4, num_kv_heads=1, head_dim=64,
+                           pattern=None, dtype="fp32")
+    pt = prob.page_table.copy()
+    pt[0, 2] = -3
+    with pytest.raises(ValueError, match=r"msa.block_scores: argument 'page_table': request 0, logical page 2: "
+                                         r"expected a page id in \[0, \d+\) .*got -3"):
+        msa.block_scores(prob.q, prob.k_cache, pt, prob.qo_indptr, prob.kv_lens)
+
+
+def test_decode_lengths_past_the_plans_max_kv_len(rng):
+    """plan_decode's max_kv_len is enforced where the lengths are host-readable (CPU tensors; CUDA tensors with
+    validate=True), by attention and by the whole layer before its indexer steps."""
+    prob = mt.make_problem(rng, qo_lens=[1, 1], kv_lens=[300, 140], num_qo_heads=4, num_kv_heads=2, head_dim=64,
+                           page_size=64, topk=3, dtype="fp32")
+    kw = dict(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=64, topk=3)
+    plan = msa.plan_decode(2, 1, 200, **kw)
+    a = mt.to_numpy(prob)
+    msg = r"'kv_lens': request 0 has kv_len = 300, more than the plan's max_kv_len = 200"
+    with pytest.raises(ValueError, match="^msa.attention: argument " + msg):
+        call(plan, a)
+    q_index = rng.standard_normal((2, 2, 64)).astype(np.float32)
+    k_index = rng.standard_normal((a["k_cache"].shape[0], 1, 64, 64)).astype(np.float32)
+    with pytest.raises(ValueError, match="^msa.sparse_attention_layer: argument " + msg):
+        msa.sparse_attention_layer(plan, a["q"], a["k_cache"], a["v_cache"], q_index, k_index, a["page_table"],
+                                   a["qo_indptr"], a["kv_lens"])
+    call(msa.plan_decode(2, 1, 300, **kw), a)  # at the bound: fine
+
+
+@pytest.mark.parametrize("layout", ["THK", "HKT"])
+def test_select_topk_names_scores_of_the_wrong_shape(rng, layout):
+    """Scores whose shape does not fit the lengths are named (with the shape expected and the one passed) before
+    the lengths are checked against them."""
+    prob = mt.make_problem(rng, qo_lens=[5, 9], kv_lens=[300, 140], num_qo_heads=4, num_kv_heads=1, head_dim=64,
+                           pattern=None, dtype="fp32")
+    scores = msa.block_scores(prob.q, prob.k_cache, prob.page_table, prob.qo_indptr, prob.kv_lens, layout=layout)
+    short = scores[:10] if layout == "THK" else scores[:, :, :10]  # 10 of the 14 tokens
+    want = ("[total_q >= 14, num_heads, max_blocks >= 3]" if layout == "THK"
+            else "[num_heads, max_blocks >= 3, total_q >= 14]")
+    got = "[10, 4, 3]" if layout == "THK" else "[4, 3, 10]"
+    with pytest.raises(ValueError) as info:
+        msa.select_topk(short, prob.qo_indptr, prob.kv_lens, 2, layout=layout)
+    assert str(info.value).startswith(f"msa.select_topk: argument 'scores': expected shape {want}"), info.value
+    assert str(info.value).endswith(f"got {got}"), info.value
+    other = "HKT" if layout == "THK" else "THK"  # scores passed with the other layout's name
+    with pytest.raises(ValueError, match=r"^msa.select_topk: argument 'scores': expected shape"):
+        msa.select_topk(scores, prob.qo_indptr, prob.kv_lens, 2, layout=other)
+
+
 def test_dense_plan_refuses_block_idx(case):
     prob, plan, a = case
     dense = msa.plan_prefill(prob.qo_lens, prob.kv_lens, num_qo_heads=4, num_kv_heads=2, head_dim=64)

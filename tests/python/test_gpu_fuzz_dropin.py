@@ -958,7 +958,13 @@ def test_cpu_decode_steps_numpy(seed):
             msa.build_page_table(state.req_to_token, np.asarray(step["slot_ids"], case["slot_dtype"]),
                                  lens.astype(case["seq_dtype"]), P, out=rows)
             args = (plan, batch["q"], k_paged, v_paged)
-            seqs = dict(block_idx=batch["topk_idx"].transpose(1, 0, 2), qo_offset=batch["prefix_lens"],
+            # The drop-in on CPU tensors clears the entries past a request's blocks (the garbage of padded
+            # requests), which msa's CPU backend refuses and its GPU kernels read as empty slots.
+            blocks = np.append(-(-batch["seq_lens"].astype(np.int64) // P), 0)
+            bi = batch["topk_idx"].transpose(1, 0, 2)
+            bi = np.where(bi >= blocks[np.searchsorted(batch["cu_seqlens"][1:], np.arange(len(bi)), "right")]
+                          [:, None, None], -1, bi)
+            seqs = dict(block_idx=bi, qo_offset=batch["prefix_lens"],
                         sm_scale=_eff_sm_scale(case))  # the drop-in's max(seq_len - 1, 0)
             o = msa.attention(*args, rows, batch["cu_seqlens"], batch["seq_lens"], **seqs)
             o_flat = msa.attention(*args, buf, batch["cu_seqlens"], batch["seq_lens"], page_indptr=indptr, **seqs)

@@ -280,6 +280,23 @@ def fmha_sm100_decode_plan(
                       output_maxscore=False)
 
 
+def _cpu_blocks_past_end_as_empty(block_idx, qo_indptr, kv_lens):
+    """block_idx [T, Hkv, topk] with its entries past their request's blocks set to -1, for CPU tensors.
+
+    Serving engines leave such entries in their selections (every entry of a padded request, seq_len 0,
+    may be garbage), and fmha_sm100 and msa's GPU kernels read them as empty slots. msa's CPU backend
+    reads every block index on the host and refuses them (a caller error, docs/contract.md §2), so on CPU
+    tensors the drop-ins clear them first: both backends give the same results, and the GPU path does no
+    more work. Fixed shapes only, so torch.compile traces it."""
+    if block_idx is None or block_idx.device.type != "cpu":
+        return block_idx
+    tokens = torch.arange(block_idx.shape[0], dtype=qo_indptr.dtype)
+    request = torch.searchsorted(qo_indptr[1:].contiguous(), tokens, right=True)  # B: past every request
+    blocks = (kv_lens.to(torch.int64) + BLOCK - 1) // BLOCK
+    limit = torch.cat([blocks, blocks.new_zeros(1)])[request]
+    return block_idx.masked_fill(block_idx >= limit.view(-1, 1, 1), -1)
+
+
 def _plan_dict(fn: str, plan_info) -> dict:
     if not (isinstance(plan_info, tuple) and len(plan_info) == 5 and isinstance(plan_info[3], dict)
             and "msa_plan" in plan_info[3]):
@@ -332,7 +349,8 @@ def fmha_sm100(
         page_table: int32 [B, max_pages], a dense page table used instead of kv_indices.
         sm_scale: logit scale (default D ** -0.5), multiplied by q_scale and k_scale; v_scale scales the output.
         output_maxscore, output_o: compute max_score / o (a plan without output_maxscore always computes o).
-        check_input_valid: scan lengths, page table and block indexes on the host (synchronizes).
+        check_input_valid: scan lengths, page table and block indexes on the host (synchronizes). Without it,
+            entries of kv_block_indexes past their request's blocks are empty slots, as in fmha_sm100.
 
     Returns:
         (out, max_score); max_score is None unless the plan was built with output_maxscore=True.
@@ -372,6 +390,9 @@ def fmha_sm100(
         raise NotImplementedError(f"{fn}: max_score with sparse attention is not served; plan without "
                                   f"output_maxscore or pass output_maxscore=False")
     seqs = dict(page_indptr=page_indptr, qo_offset=qo_offset, validate=check_input_valid)
+    if not check_input_valid:
+        kv_block_indexes = _cpu_blocks_past_end_as_empty(kv_block_indexes, info["qo_segment_offsets"],
+                                                         info["kv_segment_lens"])
     o = None
     if output_o or not want_scores:
         o = torch_ops.attention(info["msa_plan"], q, k, v, table, info["qo_segment_offsets"],

@@ -36,7 +36,8 @@ torch = require_torch("msa.sglang", "serves sglang's MiniMax-M3 MSA functions on
 from .. import torch_ops  # noqa: E402
 from .._C import cuda_available  # noqa: E402
 from ..plan import plan_prefill  # noqa: E402
-from .fmha_sm100 import DECODE_MAX_KV_LEN, _plan_dict, fmha_sm100, fmha_sm100_decode_plan  # noqa: E402
+from .fmha_sm100 import (DECODE_MAX_KV_LEN, _cpu_blocks_past_end_as_empty, _plan_dict, fmha_sm100,  # noqa: E402
+                         fmha_sm100_decode_plan)
 
 __all__ = [
     "MSAUnavailableError",
@@ -130,8 +131,9 @@ def msa_sparse_prefill_main(
                         page_size=P, topk=topk_idx.shape[-1], causal=True, device=q.device)
     page_table = build_page_table(req_to_token, slot_ids, seq_lens, P, max_pages=max(-(-max(kv) // P), 1))
     scale = (q.shape[2] ** -0.5 if sm_scale is None else sm_scale) * _unit(q_scale) * _unit(k_scale)
-    o = torch_ops.attention(plan, q, k_paged, v_paged, page_table, cu_seqlens.to(torch.int32),
-                            seq_lens.to(torch.int32), block_idx=topk_idx.permute(1, 0, 2).to(torch.int32),
+    qo_indptr, kv_lens = cu_seqlens.to(torch.int32), seq_lens.to(torch.int32)
+    block_idx = _cpu_blocks_past_end_as_empty(topk_idx.permute(1, 0, 2).to(torch.int32), qo_indptr, kv_lens)
+    o = torch_ops.attention(plan, q, k_paged, v_paged, page_table, qo_indptr, kv_lens, block_idx=block_idx,
                             qo_offset=prefix_lens.to(torch.int32), sm_scale=scale)
     if v_scale is not None and v_scale != 1.0:
         o.mul_(v_scale)
