@@ -42,6 +42,7 @@ struct RunOptions {
 enum class ScoreLayout { kHKT, kTHK };  // [H, max_blocks, T] or [T, H, max_blocks]
 
 // Sparse attention when block_idx is given (plan.config().topk > 0), dense paged attention when not.
+// One run of a plan at a time (plan.h): concurrent calls (streams, threads) need a plan each, e.g. clone().
 void attention(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v,
                const PageTable& pages, const Sequences& seqs, const TensorView& block_idx, const TensorView& o,
                const TensorView& lse = {}, const RunOptions& opts = {});

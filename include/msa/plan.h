@@ -10,6 +10,12 @@
 //  * plan_prefill takes the host lengths of the batch and may use them to balance work; the
 //    tensors passed to run must then describe the same lengths (kernels still never read out of
 //    bounds if they do not).
+//
+// One plan, one run at a time: a CUDA plan's workspaces (split partials, work lists and their
+// counters) are written by every run, so two runs of one plan in flight at once (on two streams, or
+// from two threads) overwrite each other's and give wrong results. Concurrent callers use one plan
+// each: Plan::clone() gives a second plan of the same configuration and lengths with workspaces of
+// its own. Copying a Plan (or a shared_ptr to one) shares the workspaces.
 #pragma once
 
 #include <cstdint>
@@ -76,7 +82,12 @@ class Plan {
   // For logs and tests; the keys may grow.
   std::string describe() const;
 
-  // Backend state (work lists, workspaces); null for the CPU backend.
+  // A plan of the same configuration, device, lengths and split options with workspaces of its own
+  // (the backend's planning runs again; it never synchronizes), for a run that may overlap this plan's
+  // runs, e.g. on another stream. On the CPU backend, which keeps no state, an equal plan.
+  Plan clone() const;
+
+  // Backend state (work lists, workspaces); null for the CPU backend. Copies of a Plan share it.
   const std::shared_ptr<detail::PlanState>& state() const { return state_; }
 
  private:

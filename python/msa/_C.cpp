@@ -302,7 +302,9 @@ void bind_plan(nb::module_& m) {
   nb::class_<msa::Plan>(m, "Plan",
                         "An attention plan from msa.plan_prefill or msa.plan_decode: what msa.attention computes "
                         "(heads, head dims, page size, top-k, causality), where it runs, and the workspaces it "
-                        "owns. Read-only.")
+                        "owns. Read-only. One run of a plan at a time: two runs in flight at once (two streams, "
+                        "two threads) share its workspaces and give wrong results; plan.clone() gives a second "
+                        "plan with workspaces of its own.")
       .def_prop_ro("phase", [](const msa::Plan& p) { return p.phase() == msa::Phase::kPrefill ? "prefill" : "decode"; },
                    "'prefill' or 'decode'.")
       .def_prop_ro("device", [](const msa::Plan& p) { return msa::device_name(p.device()); },
@@ -340,6 +342,14 @@ void bind_plan(nb::module_& m) {
           "the kernel family of each path and its work split, e.g. {'paged': 'token', 'splits': '16', "
           "'merge': 'push', ...} for a single-token decode plan on Hopper, or 'sm90': 'prefill' with "
           "'kvmajor' for the Hopper prefill kernels. For logs and tests; keys may be added.")
+      .def(
+          "clone",
+          [](const msa::Plan& p) {
+            nb::gil_scoped_release nogil;
+            return p.clone();
+          },
+          "A plan of the same configuration, device and lengths with workspaces of its own, for runs that may "
+          "overlap this plan's (another stream or thread); planning runs again and never waits on the device.")
       .def("__repr__", &plan_repr);
 }
 

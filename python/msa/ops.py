@@ -36,6 +36,8 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
               page_indptr=None, out=None, lse=None, return_lse=False, sm_scale=None, validate=False, stream=None):
     """Paged attention with the plan's configuration: sparse when plan.topk > 0, dense otherwise.
 
+    A plan serves one run at a time: two calls with one plan in flight at once (on two streams, or from two
+    threads) share its workspaces and give wrong results; give each stream its own plan (plan.clone()).
     On the CPU the lengths, the page table's entries and the block indexes are always checked (they are
     host-readable there); validate=True asks for the same on CUDA tensors.
 

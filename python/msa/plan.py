@@ -76,6 +76,10 @@ def plan_prefill(qo_lens, kv_lens, *, num_qo_heads, num_kv_heads, head_dim=128, 
     Returns:
         msa.Plan. The tensors later passed to msa.attention must describe the same lengths.
         Planning never waits on the device.
+
+    One run of a plan at a time: its workspaces are written by every run, so two runs of one plan in flight
+    at once (on two streams, or from two threads) give wrong results. Give each concurrent caller a plan of
+    its own; plan.clone() makes one with the same configuration and lengths.
     """
     fn = "msa.plan_prefill"
     cfg = _config(fn, num_qo_heads, num_kv_heads, head_dim, head_dim_v, page_size, topk, causal, max_splits,
@@ -101,6 +105,9 @@ def plan_decode(batch_size, max_qo_len, max_kv_len, *, num_qo_heads, num_kv_head
     Returns:
         msa.Plan; q passed to msa.attention may hold up to batch_size * max_qo_len tokens. kv_lens above
         max_kv_len are refused where they are host-readable (CPU tensors; CUDA tensors with validate=True).
+
+    One run of a plan at a time, as for msa.plan_prefill: each concurrent caller (stream, thread) needs a
+    plan of its own, e.g. plan.clone().
     """
     fn = "msa.plan_decode"
     cfg = _config(fn, num_qo_heads, num_kv_heads, head_dim, head_dim_v, page_size, topk, causal, max_splits,

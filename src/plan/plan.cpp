@@ -101,6 +101,13 @@ Plan plan_decode(const AttentionConfig& cfg, Device device, int batch_size, int 
   return p;
 }
 
+Plan Plan::clone() const {
+  Plan p = *this;
+  p.state_.reset();  // the copy shares this plan's; the backend builds the clone its own
+  if (device_.is_cuda()) p.state_ = detail::cuda::make_plan_state(p);
+  return p;
+}
+
 std::string Plan::describe() const {
   if (!state_) return std::string("backend=cpu phase=") + (phase_ == Phase::kDecode ? "decode" : "prefill");
   return std::string("backend=cuda phase=") + (phase_ == Phase::kDecode ? "decode " : "prefill ") + state_->describe();

@@ -275,6 +275,37 @@ TEST(Attention, TheCpuBackendRefusesPageIdsOutsideThePool) {
   }
 }
 
+TEST(Plan, CloneIsAnEqualPlan) {
+  // The CPU backend keeps no plan state, so a clone is an equal plan; on CUDA it also gets workspaces of its
+  // own (the GPU tests run a plan and its clone on two streams at once).
+  for (bool decode : {false, true}) {
+    SCOPED_TRACE(decode ? "decode" : "prefill");
+    ProblemSpec s = spec_of({1, 1}, {300, 5}, 4);
+    if (!decode) s.qo_lens = {20, 5};
+    s.decode = decode;
+    Problem pr = make_problem(s);
+    const msa::Plan clone = pr.plan.clone();
+    EXPECT_EQ(clone.describe(), pr.plan.describe());
+    EXPECT_EQ(clone.phase(), pr.plan.phase());
+    EXPECT_EQ(clone.batch_size(), pr.plan.batch_size());
+    EXPECT_EQ(clone.max_qo_len(), pr.plan.max_qo_len());
+    EXPECT_EQ(clone.max_kv_len(), pr.plan.max_kv_len());
+    EXPECT_EQ(clone.total_q(), pr.plan.total_q());
+    EXPECT_EQ(clone.qo_lens(), pr.plan.qo_lens());
+    EXPECT_EQ(clone.kv_lens(), pr.plan.kv_lens());
+    EXPECT_EQ(clone.config().topk, pr.plan.config().topk);
+    const AttnResult a = run_attention(pr);
+    pr.plan = clone;
+    const AttnResult b = run_attention(pr);
+    ASSERT_EQ(a.o.numel(), b.o.numel());
+    for (int64_t i = 0; i < a.o.numel(); ++i) {
+      const double x = a.o.get(i), y = b.o.get(i);
+      ASSERT_TRUE(x == y || (std::isnan(x) && std::isnan(y))) << "o element " << i;
+    }
+    EXPECT_EQ(a.lse, b.lse);
+  }
+}
+
 TEST(Attention, RandomizedSweep) {
   // Every option of the builder drawn at random together, so combinations no case above names get run too.
   const DType dtypes[] = {DType::kBF16, DType::kF16, DType::kF32};

@@ -2,7 +2,8 @@
 (1/2/4/8 tokens per request) and prefill (with prefixes), sparse and dense, GQA 1/4/16 (and a padded
 group of 12), head dims 64/128/256, page sizes 16/64/128 (and 7), the slot-major pool, the [Hkv, T, topk]
 index layout, the flat page table, LSE, unsorted rows with -1 anywhere, empty rows, split-KV with its
-fused merge, fixed splits bitwise invariant to the batch, and device values no kernel may trust.
+fused merge, fixed splits bitwise invariant to the batch, a plan and its clone on two streams at once, and
+device values no kernel may trust.
 Outputs are poisoned (NaN) before every run. Also merge_states and build_page_table against the CPU.
 
     PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/test_gpu_attention.py
@@ -216,6 +217,38 @@ def test_prefill_offsets_flat_slot_major(rng):
 def test_prefill_non_causal(rng):
     prob = problem(rng, [40, 3], [250, 600], causal=False, group=4)
     check(plan_for(prob, decode=False), prob)
+
+
+# ---- one plan per stream ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_plan_and_its_clone_run_on_two_streams_at_once(rng, phase):
+    """A plan's workspaces serve one run at a time; its clone has its own, so the two run concurrently on two
+    streams (each stream's runs queued back to back, the streams interleaved) and both match the reference."""
+    if phase == "prefill":
+        prob = problem(rng, [1024, 300], [4096, 300 + 1700], group=16, num_kv_heads=2, page_size=128)
+    else:
+        prob = problem(rng, [1] * 16, [int(n) for n in rng.integers(3000, 20000, 16)], group=16, num_kv_heads=2,
+                       page_size=128)
+    plan = plan_for(prob, decode=phase == "decode")
+    clone = plan.clone()
+    assert clone is not plan and clone.describe() == plan.describe() and repr(clone) == repr(plan)
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    outs = [torch.full((t["q"].shape[0], prob.num_qo_heads, prob.head_dim_v), float("nan"), device=DEV,
+                       dtype=torch.bfloat16) for _ in range(2)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    for _ in range(8):
+        for p, o, s in zip((plan, clone), outs, streams):
+            with torch.cuda.stream(s):
+                msa.attention(p, t["q"], t["k_cache"], t["v_cache"], t["page_table"], t["qo_indptr"], t["kv_lens"],
+                              block_idx=t["block_idx"], qo_offset=t["qo_offset"], page_indptr=t["page_indptr"],
+                              out=o, sm_scale=prob.sm_scale)
+    torch.cuda.synchronize()
+    o_ref, _ = mt.ref_attention(prob)
+    for o in outs:
+        mt.assert_close(o.float().cpu().numpy(), o_ref)
+    assert torch.equal(outs[0], outs[1])
 
 
 # ---- device values the kernels cannot trust -----------------------------------------------------------
