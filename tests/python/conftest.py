@@ -1,7 +1,16 @@
-"""pytest setup of the Python suite: msa_testing importable, the `gpu` marker, GPU tests skipped
-where they cannot run (no torch, no CUDA device, or an msa build without the CUDA backend).
+"""pytest setup of the Python suite: the shared helpers importable from every folder, the `gpu` marker,
+GPU tests skipped where they cannot run (no torch, no CUDA device, or an msa build without the CUDA backend).
 
-The CPU tests run from the build tree: PYTHONPATH=<build>/python python3 -m pytest tests/python -q
+The suite, by what a test needs:
+    cpu/     the CPU backend, the package, the CLI and the tools' scripts (torch tests skip without torch)
+    gpu/     the CUDA kernels against the float64 references
+    fuzz/    seeded random-configuration sweeps of msa's entry points (GPU; a few seeds on the CPU too)
+    dropin/  msa.sglang, msa.fmha_sm100 and msa.torch_ops against their engines' call sequences (and their fuzz)
+and here the helpers they share: msa_testing (problems, float64 references), fuzz_testing (the sweeps' draws),
+sglang_testing (sglang's state and batches), and sanitize_decode.py (a compute-sanitizer script).
+
+Everything runs from the build tree: PYTHONPATH=<build>/python python3 -m pytest tests/python -q
+(a script of a subfolder run as such, e.g. under compute-sanitizer, also needs tests/python on PYTHONPATH).
 """
 import os
 import sys

@@ -1,13 +1,14 @@
 """scripts/ab_table.py: an A/B call's runs (as scripts/ab_decode.sh leaves them) become one table and one JSON
 file, rows in the order the runs ran, with the bench's rows as columns."""
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "ab_table.py")
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+SCRIPT = str(REPO / "scripts" / "ab_table.py")
 
 
 def _run_dir(tmp_path, builds, reps, names):

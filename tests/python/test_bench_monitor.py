@@ -3,7 +3,8 @@ power-cap columns of the prefill results), and that a monitor without nvidia-smi
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+sys.path.insert(0, str(REPO / "bench"))
 import gpu_monitor as gm  # noqa: E402
 
 

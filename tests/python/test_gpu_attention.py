@@ -6,7 +6,7 @@ fused merge, fixed splits bitwise invariant to the batch, a plan and its clone o
 device values no kernel may trust.
 Outputs are poisoned (NaN) before every run. Also merge_states and build_page_table against the CPU.
 
-    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/test_gpu_attention.py
+    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_attention.py
 """
 import math
 

@@ -4,7 +4,7 @@ shapes (TP1: Hq=64, Hkv=4, D=128, top-16 blocks of 128 tokens): sparse prefill w
 fmha_sm100 plan rewritten in place under a graph; the torch ops captured and compiled. Every result is
 checked against the float64 reference of msa_testing.
 
-    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/test_gpu_dropin.py
+    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/dropin/test_gpu_dropin.py
 """
 import math
 

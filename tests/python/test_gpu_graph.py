@@ -4,7 +4,7 @@ replay is bitwise equal to an eager call on the same inputs and within tolerance
 reference. Also the page-table build from sglang's req_to_token captured in the same graph as the
 attention that reads it.
 
-    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/test_gpu_graph.py
+    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_graph.py
 """
 import dataclasses
 import math

@@ -3,12 +3,13 @@ cross-tile step and the scheduler warp, KV-major with its scheduler warp) finish
 and random interleavings, every buffer holding what its reader expects; and the model catches a
 protocol bug (a scheduler that does not wait for its release deadlocks)."""
 import importlib.util
-import os
 import random
+from pathlib import Path
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "prefill_protocol_model.py")
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+SCRIPT = str(REPO / "scripts" / "prefill_protocol_model.py")
 
 
 def _load(src=None):
