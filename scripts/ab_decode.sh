@@ -21,8 +21,8 @@ build() { (cd "$1" && cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$
 IFS=, read -r -a DIRS <<< "$A"
 for d in "${DIRS[@]}"; do build "$d" & done; build .; wait
 if [ "${AB_TESTS:-0}" = 1 ]; then  # device_check's stages on B's build (its logs: $OUT/results.tgz, summary.txt)
-  OUT=$R scripts/device_check.sh "test=tests/python/test_gpu_token_decode.py tests/python/test_gpu_graph.py \
-tests/python/test_gpu_dropin.py tests/python/test_gpu_attention.py -n 8 --timeout 300 -rf" \
+  OUT=$R scripts/device_check.sh "test=tests/python/gpu/test_gpu_token_decode.py tests/python/gpu/test_gpu_graph.py \
+tests/python/dropin/test_gpu_dropin.py tests/python/gpu/test_gpu_attention.py -n 8 --timeout 300 -rf" \
     sanitize=tests/python/sanitize_decode.py | grep -E "passed|failed|SUMMARY"
 fi
 for rep in $(seq "$REPS"); do

@@ -21,7 +21,7 @@ pack() { tar -C "$OUT" -czf "$FINAL/results.tgz" . ; }
 trap pack EXIT
 trap 'exit 124' TERM INT  # a timeout still packs what was written
 exec > >(tee "$FINAL/summary.txt") 2>&1
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/build/python OUT
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/build/python:$PWD/tests/python OUT
 ARCH=${MSA_CUDA_ARCH:-90a-real}
 rc=0
 # Comma-separated stage arguments -> words; ",," stands for a literal comma inside one word.
