@@ -4,16 +4,18 @@ code alone (moving device code between headers, renaming, deduplicating wrappers
 
   scripts/sass_diff.py [-v] [-r OLD=NEW]... [-m OLD=NEW]... OLD NEW
 
-OLD and NEW are two object files, or two build trees: then each *.o under NEW with device code is compared
-with the object at the same relative path under OLD (e.g. build/CMakeFiles/msa.dir of two checkouts; build
-single objects with `ninja -C build -j1 CMakeFiles/msa.dir/src/cuda/decode/run.cu.o`, which uses CMake's
-flags). -m maps a folder renamed between the builds (-m paged/=decode/: NEW's decode/x.cu.o is compared with
-OLD's paged/x.cu.o). -r replaces text in OLD's dump before comparing, for renamed namespaces in the mangled
-kernel names (-r 4cuda5paged=4cuda6decode); the path hash in anonymous namespaces is ignored. Kernels are
-matched by (arch, name); instruction text and encodings must match exactly. Prints one line per object; -v adds a diff of each kernel that differs. Exit
-status 1 when any kernel differs or exists on one side only. Needs cuobjdump and nvdisasm on PATH (or in
+OLD and NEW are two object files, or two build trees (e.g. build/CMakeFiles/msa.dir/src/cuda of two
+checkouts): then each *.o under NEW is compared with the object at the same relative path under OLD. Build
+single objects with CMake's flags: `ninja -C build -j1 CMakeFiles/msa.dir/src/cuda/decode/run.cu.o`.
+  -m OLD=NEW  a folder renamed between the builds: -m paged/=decode/ compares NEW's decode/x.cu.o with OLD's
+              paged/x.cu.o (-m =ops/: NEW's ops/x.cu.o with OLD's x.cu.o).
+  -r OLD=NEW  text replaced in OLD's dump, for namespaces renamed in the mangled kernel names
+              (-r 4cuda5paged=4cuda6decode). The path hash of anonymous namespaces is always ignored.
+  -v          a diff of each kernel that differs.
+Kernels are matched by (arch, name); instruction text and encodings must match exactly. One line per object;
+exit status 1 when a kernel differs or exists on one side only. Needs cuobjdump and nvdisasm on PATH (or in
 $CUDA_HOME/bin); where the toolkit lacks them, the PyPI packages nvidia-cuda-cuobjdump and
-nvidia-cuda-nvdisasm carry both (cu13/bin).
+nvidia-cuda-nvdisasm carry them (nvidia/cu13/bin).
 """
 import argparse
 import difflib

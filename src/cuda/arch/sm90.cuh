@@ -21,7 +21,9 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) 
 
 // Makes initialized mbarriers visible to the async proxy (TMA completes transactions on them) and to
 // the other CTAs of the cluster.
-__device__ __forceinline__ void fence_mbarrier_init() { ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster); }
+__device__ __forceinline__ void fence_mbarrier_init() {
+  ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+}
 
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   while (!ptx::mbarrier_try_wait_parity(bar, parity)) {

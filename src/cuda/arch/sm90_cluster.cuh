@@ -22,7 +22,9 @@ __device__ __forceinline__ void cluster_sync() {
 // The two halves, split to overlap work with the wait: a relaxed arrival (orders nothing; for a wait
 // that only needs every CTA to have started, e.g. initialized its mbarriers, fenced by
 // fence_mbarrier_init) and the wait.
-__device__ __forceinline__ void cluster_arrive_relaxed() { ::cuda::ptx::barrier_cluster_arrive(::cuda::ptx::sem_relaxed); }
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  ::cuda::ptx::barrier_cluster_arrive(::cuda::ptx::sem_relaxed);
+}
 __device__ __forceinline__ void cluster_wait() { ::cuda::ptx::barrier_cluster_wait(); }
 
 // The shared-window address in CTA `rank` of the variable at this CTA's address smem.

@@ -419,8 +419,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
           for (int np = 0; np < kNT / 2; ++np) {
             uint32_t bk[4];
             arch::ldmatrix_x4(bk, stage_base + k_lane + np * 16 * kRowBytes + hi * 128 + swz_b[q]);
-            arch::mma_m16n8k16<T, true>(s[2 * np], a, bk[0], bk[1]);
-            arch::mma_m16n8k16<T, true>(s[2 * np + 1], a, bk[2], bk[3]);
+            arch::mma_m16n8k16<T>(s[2 * np], a, bk[0], bk[1]);
+            arch::mma_m16n8k16<T>(s[2 * np + 1], a, bk[2], bk[3]);
           }
         }
       }
@@ -506,8 +506,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
         for (int np = 0; np < D / 16; ++np) {
           uint32_t bv[4];
           arch::ldmatrix_x4_trans(bv, stage_base + v_lane + ks16 * 16 * kRowBytes + (np >> 2) * 128 + swz_a[np & 3]);
-          arch::mma_m16n8k16<T, true>(o[2 * np], pa, bv[0], bv[1]);
-          arch::mma_m16n8k16<T, true>(o[2 * np + 1], pa, bv[2], bv[3]);
+          arch::mma_m16n8k16<T>(o[2 * np], pa, bv[0], bv[1]);
+          arch::mma_m16n8k16<T>(o[2 * np + 1], pa, bv[2], bv[3]);
         }
       }
     }

@@ -23,7 +23,7 @@ __device__ __forceinline__ void prefetch_first_trips(const KernelParams& kp, int
       const int i = e / p.topk, k = e - i * p.topk;
       if (tok + i < p.seqs.total_q)
         arch::prefetch_l2(p.block_idx + (tok + i) * p.bi_stride_token + static_cast<int64_t>(g) * p.bi_stride_head +
-                    static_cast<int64_t>(k) * p.bi_stride_k);
+                          static_cast<int64_t>(k) * p.bi_stride_k);
     }
   }
   if (what & kPrefetchLengths) {

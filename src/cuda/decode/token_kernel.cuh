@@ -463,8 +463,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t bk[4];
         arch::ldmatrix_x4(bk, ks + kr * kRowBytes + (((2 * kk + (mi & 1)) ^ (lane & 7)) << 4));
-        arch::mma_m16n8k16<T, true>(s[0], qa[kk], bk[0], bk[1]);
-        arch::mma_m16n8k16<T, true>(s[1], qa[kk], bk[2], bk[3]);
+        arch::mma_m16n8k16<T>(s[0], qa[kk], bk[0], bk[1]);
+        arch::mma_m16n8k16<T>(s[1], qa[kk], bk[2], bk[3]);
       }
     }
     // Logits in the exp2 domain; keys past `visible` are -inf. Row maxima of this warp's 16 keys.
@@ -547,8 +547,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
           uint32_t bv[4];
           const int chunk = warp * 4 + 2 * h + (mi >> 1);
           arch::ldmatrix_x4_trans(bv, vs + key * kRowBytes + ((chunk ^ (key & 7)) << 4));
-          arch::mma_m16n8k16<T, true>(o[2 * h], pa, bv[0], bv[1]);
-          arch::mma_m16n8k16<T, true>(o[2 * h + 1], pa, bv[2], bv[3]);
+          arch::mma_m16n8k16<T>(o[2 * h], pa, bv[0], bv[1]);
+          arch::mma_m16n8k16<T>(o[2 * h + 1], pa, bv[2], bv[3]);
         }
       }
     }

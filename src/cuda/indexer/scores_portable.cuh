@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
       float* scales = reinterpret_cast<float*>(dst + Tr::kKeyBytes);
       const float* src = pg >= 0 ? p.k_scale + pg * p.ks_stride_page + kh * p.ks_stride_head + off * p.ks_stride_token
                                  : p.k_scale;
-      arch::cp_async_4_ordered(arch::smem_addr(scales + my_row), src, pg >= 0 ? 4 : 0);
+      arch::cp_async_4(arch::smem_addr(scales + my_row), src, pg >= 0 ? 4 : 0);
     }
     const int piece = tid % Tr::kPiecesPerRow;
 #pragma unroll
@@ -145,20 +145,20 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
       const char* src = a ? reinterpret_cast<const char*>(a) + piece * 16 : kbase;
       // a 16-byte piece is one bf16 chunk, or fp8 chunks 2*piece and 2*piece+1 (kept adjacent by the swizzle)
       const uint32_t d = Tr::kF8 ? Tr::chunk_offset(r, 2 * piece) : Tr::chunk_offset(r, piece);
-      arch::cp_async_16_ordered(arch::smem_addr(dst + d), src, a ? 16 : 0);
+      arch::cp_async_16(arch::smem_addr(dst + d), src, a ? 16 : 0);
     }
   };
 
 #pragma unroll
   for (int s = 0; s < kPortableStages - 1; ++s) {
     if (s < ncomp) load_block(s);
-    arch::cp_async_commit_ordered();
+    arch::cp_async_commit();
   }
   for (int it = 0; it < ncomp; ++it) {
-    arch::cp_async_wait_ordered<kPortableStages - 2>();
+    arch::cp_async_wait<kPortableStages - 2>();
     __syncthreads();  // block `it` visible to all; the stage refilled below was read last iteration
     if (it + kPortableStages - 1 < ncomp) load_block(it + kPortableStages - 1);
-    arch::cp_async_commit_ordered();
+    arch::cp_async_commit();
 
     const uint8_t* ks = smem + (it % kPortableStages) * Tr::kStageBytes;
     const int blk = blk_begin + it;
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
       if ((lane & 3) == h && outp[h]) outp[h][blk * p.out_stride_block] = m * inv[h];
     }
   }
-  arch::cp_async_wait_all_ordered();
+  arch::cp_async_wait_all();
 }
 
 }  // namespace msa::detail::cuda::indexer

@@ -189,19 +189,19 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
         const int r = 2 * m + half;
         const unsigned long long a = __shfl_sync(kFullMask, row_addr[m / 16], r & 31);
         const char* src = a ? reinterpret_cast<const char*>(a) + c * 16 : kbase;
-        arch::cp_async_16_ordered(dst_stage + swizzled_chunk(r, c, kSm90KHalfBytes), src, a ? 16 : 0);
+        arch::cp_async_16(dst_stage + swizzled_chunk(r, c, kSm90KHalfBytes), src, a ? 16 : 0);
       }
-      arch::cp_async_commit_ordered();
+      arch::cp_async_commit();
       // Block it-1 is signalled once block it is in flight: wait for its copies, make them visible to
       // the async proxy (wgmma), release. The one-block lag never stalls the consumers, who need it-1
       // only after finishing it-2, while issuing `it` needed just block it-4 finished.
       if (it > 0) {
-        arch::cp_async_wait_ordered<1>();
+        arch::cp_async_wait<1>();
         arch::fence_proxy_async();
         arch::mbarrier_arrive(full + (it - 1) % kSm90Stages);
       }
     }
-    arch::cp_async_wait_all_ordered();
+    arch::cp_async_wait_all();
     arch::fence_proxy_async();
     arch::mbarrier_arrive(full + (ncomp - 1) % kSm90Stages);
     return;
@@ -219,10 +219,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
     const QT* src = static_cast<const QT*>(p.q) + (valid ? (tok_base + i) * p.q_stride_token +
                                                                (kh * G + j) * p.q_stride_head + 8 * c
                                                          : 0);
-    arch::cp_async_16_ordered(q_s + swizzled_chunk(row, c, kSm90QHalfBytes), src, valid ? 16 : 0);
+    arch::cp_async_16(q_s + swizzled_chunk(row, c, kSm90QHalfBytes), src, valid ? 16 : 0);
   }
-  arch::cp_async_commit_ordered();
-  arch::cp_async_wait_all_ordered();
+  arch::cp_async_commit();
+  arch::cp_async_wait_all();
   arch::fence_proxy_async();
   arch::named_barrier_sync(1 + wg, 128);
 

@@ -300,9 +300,9 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
       for (int q = 0; q < 8; ++q) {
         const uint32_t addr = st_row + (q / 4) * (kHalfTileBytes / kConsumerWarpgroups) + (st_chunk ^ (32 * (q % 4)));
         arch::stmatrix_x4(addr, arch::pack2<Elem>(o[8 * q] * inv[0], o[8 * q + 1] * inv[0]),
-                    arch::pack2<Elem>(o[8 * q + 2] * inv[1], o[8 * q + 3] * inv[1]),
-                    arch::pack2<Elem>(o[8 * q + 4] * inv[0], o[8 * q + 5] * inv[0]),
-                    arch::pack2<Elem>(o[8 * q + 6] * inv[1], o[8 * q + 7] * inv[1]));
+                          arch::pack2<Elem>(o[8 * q + 2] * inv[1], o[8 * q + 3] * inv[1]),
+                          arch::pack2<Elem>(o[8 * q + 4] * inv[0], o[8 * q + 5] * inv[0]),
+                          arch::pack2<Elem>(o[8 * q + 6] * inv[1], o[8 * q + 7] * inv[1]));
       }
     } else {
 #pragma unroll
