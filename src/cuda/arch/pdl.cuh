@@ -1,15 +1,10 @@
-// Programmatic dependent launch (PDL, sm_90+; no-ops before). A grid launched with the programmatic
-// stream-serialization attribute may be scheduled while the previous kernel of the stream still runs,
-// which hides its launch latency behind that kernel's tail (~0.5-1 us per kernel of a decode step).
+// Programmatic dependent launch (PDL, sm_90+; no-ops before), device side. A grid launched with the
+// programmatic stream-serialization attribute (runtime/launch.cuh) may be scheduled while the previous
+// kernel of the stream still runs, which hides its launch latency behind that kernel's tail (~0.5-1 us
+// per kernel of a decode step).
 #pragma once
 
-#include <cuda_runtime.h>
-
-#include <utility>
-
-#include "cuda/runtime/check.cuh"
-
-namespace msa::detail::cuda {
+namespace msa::detail::cuda::arch {
 
 // Returns once the previous kernel of the stream has completed and its writes are visible. A kernel
 // launched with PDL must call it before its first read of anything an earlier kernel may write.
@@ -32,29 +27,4 @@ __device__ __forceinline__ void allow_dependent_launch() {
 // of coherence: a later write updates the line, a load after the wait sees it).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
-// kernel<<<grid, block, smem, stream>>>(args...), launched with programmatic stream serialization when
-// `pdl` (the kernel must then call grid_dependency_wait() before it reads what an earlier kernel wrote, on
-// every path, so that its completion implies its predecessors'). Errors surface as MSA_CUDA_CHECK's.
-template <typename... Params, typename... Args>
-void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = pdl ? &attr : nullptr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-
-// Whether `device` can launch with PDL (compute capability 9.0 or newer).
-inline bool pdl_supported(int device) {
-  int major = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
-}
-
-}  // namespace msa::detail::cuda
+}  // namespace msa::detail::cuda::arch

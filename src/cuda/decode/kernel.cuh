@@ -17,7 +17,7 @@
 //     split of an item to finish (arrival counter) merges the partials in split order
 //     (split_merge.cuh) and resets the counter for the next launch (CUDA graph replay).
 // Launched with programmatic stream serialization on sm_90, the grid may start while the previous
-// kernel of the stream finishes: every device read comes after grid_dependency_wait().
+// kernel of the stream finishes: every device read comes after arch::grid_dependency_wait().
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,12 +26,14 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/arch/fast_math.cuh"
+#include "cuda/arch/pdl.cuh"
+#include "cuda/arch/sm80.cuh"
 #include "cuda/decode/block_list.cuh"
 #include "cuda/decode/config.cuh"
 #include "cuda/decode/kernel_params.cuh"
 #include "cuda/decode/merge_math.cuh"
 #include "cuda/decode/prewait_prefetch.cuh"
-#include "cuda/decode/ptx.cuh"
 #include "cuda/decode/request.cuh"
 #include "cuda/decode/split_merge.cuh"
 
@@ -85,7 +87,6 @@ template <typename T, int D, int ROWS>
 __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, ROWS>::kMinBlocksPerSm)
     paged_attention_kernel(const __grid_constant__ KernelParams kp) {
   using C = TileConfig<D, ROWS>;
-  using M = Mma<T>;
   constexpr int kThreads = C::kThreads;
   constexpr int kKeys = C::kKeys;
   constexpr int kWK = C::kKeyGroups;
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   int* scratch = reinterpret_cast<int*>(smem + L.scratch);
   constexpr uint32_t kRowBytes = D * 2;  // one K/V/Q row in shared memory
   constexpr uint32_t kStageBytes = kStageElems * 2;
-  const uint32_t stages = smem_addr(smem) + L.stages;  // shared-window byte addresses from here on
+  const uint32_t stages = arch::smem_addr(smem) + L.stages;  // shared-window byte addresses from here on
   ulonglong2* ring = reinterpret_cast<ulonglong2*>(smem + L.ring_off);
   uint64_t* ring_valid = reinterpret_cast<uint64_t*>(smem + L.ring_valid);
   int32_t* sort_buf = reinterpret_cast<int32_t*>(smem + L.sort_keys);
@@ -123,8 +124,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     const int pnt = static_cast<int>(pleft <= 0 ? 0 : (pleft < kp.tile_tokens ? pleft : kp.tile_tokens));
     prefetch_first_trips(kp, lane, pb, blockIdx.y, static_cast<int64_t>(pb) * kp.spec_qo_len + pfirst, pnt);
   }
-  grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
-  allow_dependent_launch(); // the next kernel may take free SM slots and wait there for this one
+  arch::grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
+  arch::allow_dependent_launch(); // the next kernel may take free SM slots and wait there for this one
   const int g = blockIdx.y, split = blockIdx.z, S = kp.num_splits;
   const bool sparse = p.block_idx != nullptr;
   int b, tile;
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   // ---- 2a. Q tile -> shared (the last stage when Q then moves to registers) ---------------------
   // Rows are stored with their 16-byte chunks swizzled (chunk c of row r at c ^ (r & 7)), so the 8
   // rows an ldmatrix reads hit 8 different bank groups.
-  const uint32_t qs = C::kQInRegs ? stages + (NS - 1) * kStageBytes : smem_addr(smem) + L.q;
+  const uint32_t qs = C::kQInRegs ? stages + (NS - 1) * kStageBytes : arch::smem_addr(smem) + L.q;
   {
     const T* qg = static_cast<const T*>(p.q);
     for (int idx = tid; idx < ROWS * kCpr; idx += kThreads) {
@@ -193,9 +194,9 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
       const bool ok = i < nt && h < G;
       const T* src = ok ? qg + (tok_base + i) * p.q_stride_token + static_cast<int64_t>(g * G + h) * p.q_stride_head + c * 8
                         : qg;
-      cp_async_16(qs + r * kRowBytes + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
+      arch::cp_async_16(qs + r * kRowBytes + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
     }
-    cp_async_commit();
+    arch::cp_async_commit();
   }
 
   // ---- 2b. block list and this split's range ---------------------------------------------------
@@ -328,8 +329,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
       const char* vr = reinterpret_cast<const char*>(rp.y) + t8 * 16;
 #pragma unroll
       for (int c = 0; c < C::kLoadChunks; ++c) {
-        cp_async_16_pred(ks + it * kRPP * kRowBytes + c * 128, kr + c * 128, fill);
-        cp_async_16_pred(vs + it * kRPP * kRowBytes + c * 128, vr + c * 128, fill);
+        arch::cp_async_16_pred(ks + it * kRPP * kRowBytes + c * 128, kr + c * 128, fill);
+        arch::cp_async_16_pred(vs + it * kRPP * kRowBytes + c * 128, vr + c * 128, fill);
       }
     }
   };
@@ -347,9 +348,9 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   __syncthreads();
   for (int x = 0; x < NS - 1; ++x) {
     if (x < n_tiles) load_tile(x, x);
-    cp_async_commit();
+    arch::cp_async_commit();
   }
-  cp_async_wait_dyn(NS - 1);  // the Q group
+  arch::cp_async_wait_dyn(NS - 1);  // the Q group
   __syncthreads();
   // ldmatrix lane addresses. Every row a lane points at has (row & 7) == (lane & 7), so logical
   // chunk 8*hi + lo sits at byte 128*hi + ((lo ^ (lane & 7)) << 4): four per-lane swizzles (lo = 2q
@@ -366,7 +367,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
   if constexpr (C::kQInRegs) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[kk], q_lane + (kk >> 2) * 128 + swz_a[kk & 3]);
+    for (int kk = 0; kk < D / 16; ++kk) arch::ldmatrix_x4(qa[kk], q_lane + (kk >> 2) * 128 + swz_a[kk & 3]);
   }
 
   // ---- 4. the key tiles ------------------------------------------------------------------------
@@ -382,10 +383,10 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   const auto step = [](int v, int n) { return v + 1 == n ? 0 : v + 1; };
 
   for (int x = 0; x < n_tiles; ++x) {
-    cp_async_wait_dyn(NS - 2);
+    arch::cp_async_wait_dyn(NS - 2);
     __syncthreads();  // tile x landed for every thread; the stage and ring slot of tile x-1 are free
     if (x + NS - 1 < n_tiles) load_tile(ld_stage, ld_slot);
-    cp_async_commit();
+    arch::cp_async_commit();
     KeyFetch ahead;
     if (tid < kKeys) ahead = fetch_begin(x + NS);
 
@@ -412,14 +413,14 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
             const int kk = hi * 4 + q;
             a[0] = qa[kk][0], a[1] = qa[kk][1], a[2] = qa[kk][2], a[3] = qa[kk][3];
           } else {
-            ldmatrix_x4(a, q_lane + hi * 128 + swz_a[q]);
+            arch::ldmatrix_x4(a, q_lane + hi * 128 + swz_a[q]);
           }
 #pragma unroll
           for (int np = 0; np < kNT / 2; ++np) {
             uint32_t bk[4];
-            ldmatrix_x4(bk, stage_base + k_lane + np * 16 * kRowBytes + hi * 128 + swz_b[q]);
-            M::run(s[2 * np], a, bk[0], bk[1]);
-            M::run(s[2 * np + 1], a, bk[2], bk[3]);
+            arch::ldmatrix_x4(bk, stage_base + k_lane + np * 16 * kRowBytes + hi * 128 + swz_b[q]);
+            arch::mma_m16n8k16<T>(s[2 * np], a, bk[0], bk[1]);
+            arch::mma_m16n8k16<T>(s[2 * np + 1], a, bk[2], bk[3]);
           }
         }
       }
@@ -472,7 +473,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const float m_new = fmaxf(m_run[j], mx[j]);
-          scale_old[j] = exp2_approx(m_run[j] - (m_new == -INFINITY ? 0.f : m_new));
+          scale_old[j] = arch::exp2_approx(m_run[j] - (m_new == -INFINITY ? 0.f : m_new));
           m_run[j] = m_new;
           l_run[j] *= scale_old[j];
         }
@@ -489,7 +490,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
       for (int n = 0; n < kNT; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] = exp2_approx(s[n][e] - base[e >> 1]);
+          s[n][e] = arch::exp2_approx(s[n][e] - base[e >> 1]);
           l_run[e >> 1] += s[n][e];
         }
       }
@@ -497,16 +498,16 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
 #pragma unroll
       for (int ks16 = 0; ks16 < kKW / 16; ++ks16) {
         uint32_t pa[4];
-        pa[0] = M::pack(s[2 * ks16][0], s[2 * ks16][1]);
-        pa[1] = M::pack(s[2 * ks16][2], s[2 * ks16][3]);
-        pa[2] = M::pack(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]);
-        pa[3] = M::pack(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3]);
+        pa[0] = arch::pack2<T>(s[2 * ks16][0], s[2 * ks16][1]);
+        pa[1] = arch::pack2<T>(s[2 * ks16][2], s[2 * ks16][3]);
+        pa[2] = arch::pack2<T>(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]);
+        pa[3] = arch::pack2<T>(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3]);
 #pragma unroll
         for (int np = 0; np < D / 16; ++np) {
           uint32_t bv[4];
-          ldmatrix_x4_trans(bv, stage_base + v_lane + ks16 * 16 * kRowBytes + (np >> 2) * 128 + swz_a[np & 3]);
-          M::run(o[2 * np], pa, bv[0], bv[1]);
-          M::run(o[2 * np + 1], pa, bv[2], bv[3]);
+          arch::ldmatrix_x4_trans(bv, stage_base + v_lane + ks16 * 16 * kRowBytes + (np >> 2) * 128 + swz_a[np & 3]);
+          arch::mma_m16n8k16<T>(o[2 * np], pa, bv[0], bv[1]);
+          arch::mma_m16n8k16<T>(o[2 * np + 1], pa, bv[2], bv[3]);
         }
       }
     }
@@ -519,7 +520,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   }
 
   // ---- 5. epilogue: combine key groups, normalize, write o / lse or the split's partial --------------
-  cp_async_wait<0>();
+  arch::cp_async_wait<0>();
   __syncthreads();  // the stages (and Q) are free: the fp32 epilogue aliases them
   constexpr int kEpi = C::kEpiStride;
   float* eo = reinterpret_cast<float*>(smem + L.epi);  // [WK][ROWS][D + 8]
@@ -551,10 +552,10 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   T* og = static_cast<T*>(p.o);
   const auto store_o = [&](int64_t tok, int head, int c, const float (&v)[8]) {
     uint4 pk;
-    pk.x = M::pack(v[0], v[1]);
-    pk.y = M::pack(v[2], v[3]);
-    pk.z = M::pack(v[4], v[5]);
-    pk.w = M::pack(v[6], v[7]);
+    pk.x = arch::pack2<T>(v[0], v[1]);
+    pk.y = arch::pack2<T>(v[2], v[3]);
+    pk.z = arch::pack2<T>(v[4], v[5]);
+    pk.w = arch::pack2<T>(v[6], v[7]);
     *reinterpret_cast<uint4*>(og + tok * p.o_stride_token + static_cast<int64_t>(head) * p.o_stride_head + c * 8) = pk;
   };
   const auto real_row = [&](int r) { return (r >> gp_shift) < nt && (r & (GP - 1)) < G; };
@@ -577,7 +578,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     for (int w = 0; w < kWK; ++w) {
       const float mw = em[w * ROWS + r];
       if (mw == -INFINITY) continue;
-      const float wt = mw == m ? 1.f : exp2_approx(mw - m);
+      const float wt = mw == m ? 1.f : arch::exp2_approx(mw - m);
       l += wt * el[w * ROWS + r];
       const float4 a = *reinterpret_cast<const float4*>(eo + (w * ROWS + r) * kEpi + c * 8);
       const float4 z = *reinterpret_cast<const float4*>(eo + (w * ROWS + r) * kEpi + c * 8 + 4);
@@ -611,7 +612,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   }
   if (S == 1) return;
   if (kp.cluster_merge) {
-    merge_splits_in_cluster<D, ROWS, kThreads>(smem_addr(po), smem_addr(plse), S, split, real_row, emit);
+    merge_splits_in_cluster<D, ROWS, kThreads>(arch::smem_addr(po), arch::smem_addr(plse), S, split, real_row, emit);
     return;
   }
 

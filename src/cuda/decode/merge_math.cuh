@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "cuda/decode/ptx.cuh"
+#include "cuda/arch/fast_math.cuh"
 
 namespace msa::detail::cuda::decode {
 
@@ -22,14 +22,14 @@ __device__ __forceinline__ float lse_fold_max(float m, float lse) {
 
 // exp(lse - m) for a non-empty part, exactly 1 for the max itself.
 __device__ __forceinline__ float lse_weight(float lse, float m) {
-  return lse == m ? 1.f : exp2_approx((lse - m) * kLog2e);
+  return lse == m ? 1.f : arch::exp2_approx((lse - m) * kLog2e);
 }
 
 // lse_weight with its exp2 taken unconditionally (the same bits): for the unrolled loops of the cluster
 // merges, where written as lse_weight under a branch the compiler put a divergence region around
 // each exp2, 16 in a row (~1800 cycles of the push merge at D-B1, token_trace at 1919488).
 __device__ __forceinline__ float lse_weight_eager(float lse, float m) {
-  const float e = exp2_approx((lse - m) * kLog2e);
+  const float e = arch::exp2_approx((lse - m) * kLog2e);
   return lse == m ? 1.f : e;
 }
 

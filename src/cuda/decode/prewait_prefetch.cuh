@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
+#include "cuda/arch/pdl.cuh"
 #include "cuda/decode/kernel_params.cuh"
-#include "cuda/decode/ptx.cuh"
 
 namespace msa::detail::cuda::decode {
 
@@ -22,20 +22,20 @@ __device__ __forceinline__ void prefetch_first_trips(const KernelParams& kp, int
     for (int e = lane; e < ntok * p.topk; e += 32) {  // one lane per entry (a row is one line when bi_stride_k = 1)
       const int i = e / p.topk, k = e - i * p.topk;
       if (tok + i < p.seqs.total_q)
-        prefetch_l2(p.block_idx + (tok + i) * p.bi_stride_token + static_cast<int64_t>(g) * p.bi_stride_head +
-                    static_cast<int64_t>(k) * p.bi_stride_k);
+        arch::prefetch_l2(p.block_idx + (tok + i) * p.bi_stride_token + static_cast<int64_t>(g) * p.bi_stride_head +
+                          static_cast<int64_t>(k) * p.bi_stride_k);
     }
   }
   if (what & kPrefetchLengths) {
-    if (lane == 31) prefetch_l2(p.seqs.qo_indptr + b);
-    if (lane == 30) prefetch_l2(p.seqs.kv_lens + b);
-    if (lane == 29 && p.seqs.qo_offset) prefetch_l2(p.seqs.qo_offset + b);
-    if (lane == 28 && p.pages.indptr) prefetch_l2(p.pages.indptr + b);
+    if (lane == 31) arch::prefetch_l2(p.seqs.qo_indptr + b);
+    if (lane == 30) arch::prefetch_l2(p.seqs.kv_lens + b);
+    if (lane == 29 && p.seqs.qo_offset) arch::prefetch_l2(p.seqs.qo_offset + b);
+    if (lane == 28 && p.pages.indptr) arch::prefetch_l2(p.pages.indptr + b);
   }
   // Entries 32i of the dense row and its last (a row need not start on a line); n = 0 without the bit.
   const int n = kp.prefetch_page_entries;
   const int32_t* row = p.pages.table + static_cast<int64_t>(b) * p.pages.row_stride;
-  for (int i = lane; i <= (n + 31) / 32 && n > 0; i += 32) prefetch_l2(row + min(32 * i, n - 1));
+  for (int i = lane; i <= (n + 31) / 32 && n > 0; i += 32) arch::prefetch_l2(row + min(32 * i, n - 1));
 }
 
 }  // namespace msa::detail::cuda::decode

@@ -11,9 +11,10 @@
 
 #include <cstdint>
 
+#include "cuda/arch/sm80.cuh"
+#include "cuda/arch/sm90_cluster.cuh"
 #include "cuda/decode/config.cuh"
 #include "cuda/decode/merge_math.cuh"
-#include "cuda/decode/ptx.cuh"
 
 namespace msa::detail::cuda::decode {
 
@@ -42,7 +43,7 @@ __device__ void merge_splits(const float* part_o, const float* part_lse, int S, 
   const uint32_t obuf_off = align_up(static_cast<uint32_t>(S * ROWS + 2 * ROWS) * 4u, 16);
   float* obuf = reinterpret_cast<float*>(smem + obuf_off);  // [S][rp][D]: one row chunk of every split
   const int rp = min(ROWS, static_cast<int>((cap - obuf_off) / (static_cast<uint32_t>(S) * D * 4u)));
-  const uint32_t w_addr = smem_addr(w), obuf_addr = smem_addr(obuf);
+  const uint32_t w_addr = arch::smem_addr(w), obuf_addr = arch::smem_addr(obuf);
 
   // Rows [r0, r0 + nr) of split s are nr * D contiguous floats in the workspace and in obuf.
   const auto issue_rows = [&](int r0) {
@@ -50,12 +51,12 @@ __device__ void merge_splits(const float* part_o, const float* part_lse, int S, 
     const float* src = part_o + r0 * D;
     uint32_t dst = obuf_addr;
     for (int s = 0; s < S; ++s, src += ROWS * D, dst += rp * D * 4u)
-      for (int k = tid; k < copies; k += THREADS) cp_async_16(dst + k * 16u, src + k * 4, 16);
+      for (int k = tid; k < copies; k += THREADS) arch::cp_async_16(dst + k * 16u, src + k * 4, 16);
   };
-  for (int idx = tid; idx < S * ROWS / 4; idx += THREADS) cp_async_16(w_addr + idx * 16u, part_lse + idx * 4, 16);
+  for (int idx = tid; idx < S * ROWS / 4; idx += THREADS) arch::cp_async_16(w_addr + idx * 16u, part_lse + idx * 4, 16);
   issue_rows(0);
-  cp_async_commit();
-  cp_async_wait<0>();
+  arch::cp_async_commit();
+  arch::cp_async_wait<0>();
   __syncthreads();
 
   // Weights per row: exp(lse_s - max), exactly 1 for the max itself (a single non-empty part passes
@@ -82,8 +83,8 @@ __device__ void merge_splits(const float* part_o, const float* part_lse, int S, 
     if (r0 > 0) {
       __syncthreads();  // the previous chunk is consumed
       issue_rows(r0);
-      cp_async_commit();
-      cp_async_wait<0>();
+      arch::cp_async_commit();
+      arch::cp_async_wait<0>();
       __syncthreads();
     }
     const int nr = min(rp, ROWS - r0);
@@ -125,7 +126,7 @@ __device__ void merge_splits_in_cluster(uint32_t po, uint32_t plse, int S, int r
                                         const Emit& emit) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kChunks = D / 8;
-  cluster_sync();  // every split's partial is in its shared memory
+  arch::cluster_sync();  // every split's partial is in its shared memory
   const int my_rows = (ROWS - rank + S - 1) / S;
   for (int u = threadIdx.x; u < my_rows * kChunks; u += THREADS) {
     const int r = rank + (u / kChunks) * S, c = u - (u / kChunks) * kChunks;
@@ -133,7 +134,7 @@ __device__ void merge_splits_in_cluster(uint32_t po, uint32_t plse, int S, int r
     float ls[kMaxClusterSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s)
-      ls[s] = s < S ? ld_cluster_f32(cluster_map(plse + r * 4u, s)) : -INFINITY;
+      ls[s] = s < S ? arch::ld_cluster_f32(arch::cluster_map(plse + r * 4u, s)) : -INFINITY;
     float m = -INFINITY;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) m = lse_fold_max(m, ls[s]);
@@ -150,8 +151,8 @@ __device__ void merge_splits_in_cluster(uint32_t po, uint32_t plse, int S, int r
         if (s >= S || ls[s] == -INFINITY) continue;
         const float wt = wts[s];
         sum += wt;
-        const uint32_t a = cluster_map(row, s);
-        const float4 x = ld_cluster_f32x4(a), z = ld_cluster_f32x4(a + 16);
+        const uint32_t a = arch::cluster_map(row, s);
+        const float4 x = arch::ld_cluster_f32x4(a), z = arch::ld_cluster_f32x4(a + 16);
         acc[0] += wt * x.x, acc[1] += wt * x.y, acc[2] += wt * x.z, acc[3] += wt * x.w;
         acc[4] += wt * z.x, acc[5] += wt * z.y, acc[6] += wt * z.z, acc[7] += wt * z.w;
       }
@@ -162,7 +163,7 @@ __device__ void merge_splits_in_cluster(uint32_t po, uint32_t plse, int S, int r
     }
     emit(r, c, acc, lse);
   }
-  cluster_sync();  // no CTA leaves (freeing its shared memory) while another still reads it
+  arch::cluster_sync();  // no CTA leaves (freeing its shared memory) while another still reads it
 #endif
 }
 

@@ -1,9 +1,11 @@
-// The single-token sparse decode kernel (sm_90): one query token per CTA (or cluster of splits), head
-// dim 128, a GQA group of at most 16 heads (M3: 16), top-k <= 32 blocks, pages of a multiple of 64
-// tokens; one token per request, or MTP (up to kTokenMaxQoLen tokens per request, a CTA per token, each
-// causal at its own position) when the group takes 16 rows per token. It computes what the general paged
-// kernel (kernel.cuh) computes for such plans, with less machinery on the critical path of small batches
-// (M3-TP4 D-mtp: 39.3 us on the general kernel, 34.1 here; docs/decode.md, fifteenth session).
+// The single-token sparse decode kernel, sm_90 only: the plan picks it from compute capability 9.0 on
+// (plan_token_kernel); the sm_80 build of this header has no push merge and is never launched. It sits
+// beside the general paged kernel (kernel.cuh, sm_80+) because it serves the same decode plans: one query
+// token per CTA (or cluster of splits), head dim 128, a GQA group of at most 16 heads (M3: 16), top-k <= 32
+// blocks, pages of a multiple of 64 tokens; one token per request, or MTP (up to kTokenMaxQoLen tokens per
+// request, a CTA per token, each causal at its own position) when the group takes 16 rows per token. It
+// computes what the general kernel computes for such plans, with less machinery on the critical path of
+// small batches (M3-TP4 D-mtp: 39.3 us on the general kernel, 34.1 here; docs/decode.md).
 //
 // Why a second kernel: at D-B1 (M3-TP1, 16 splits of one block each) the general kernel runs ~13 us,
 // a chain of latency-bound steps, 2224 instructions per warp at 10 cycles each (ncu): the sorted
@@ -26,14 +28,18 @@
 
 #include <climits>
 #include <cstdint>
-#include <cuda/ptx>
 #include <type_traits>
 
+#include "cuda/arch/fast_math.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/pdl.cuh"
+#include "cuda/arch/sm80.cuh"
+#include "cuda/arch/sm90.cuh"
+#include "cuda/arch/sm90_cluster.cuh"
 #include "cuda/decode/config.cuh"
 #include "cuda/decode/kernel_params.cuh"
 #include "cuda/decode/merge_math.cuh"
 #include "cuda/decode/prewait_prefetch.cuh"
-#include "cuda/decode/ptx.cuh"
 #include "cuda/decode/request.cuh"
 #include "cuda/decode/split_merge.cuh"
 #include "cuda/decode/token_config.h"
@@ -145,7 +151,6 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
 
 template <typename T, bool kPushMerge>
 __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __grid_constant__ KernelParams kp) {
-  using M = Mma<T>;
   constexpr int D = kTokenHeadDim;
   constexpr uint32_t kRowBytes = D * 2;                       // one K / V / Q row
   constexpr uint32_t kTileBytes = kTokenTileKeys * kRowBytes;  // K (or V) of one tile: 16 KB
@@ -163,9 +168,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const int b = static_cast<int>(blockIdx.x >> kp.tq_shift), ti = static_cast<int>(blockIdx.x & ((1u << kp.tq_shift) - 1u));
   // A full batch of TQ tokens per request has request b's token ti at row x_cta.
   const int64_t x_cta = static_cast<int64_t>(b) * TQ + ti;
-  const uint32_t s_stages = smem_addr(smem) + kTokenSmemStages;
-  const uint32_t s_q = smem_addr(smem) + kTokenSmemQ;
-  const uint32_t s_p = smem_addr(smem) + kTokenSmemP;
+  const uint32_t s_stages = arch::smem_addr(smem) + kTokenSmemStages;
+  const uint32_t s_q = arch::smem_addr(smem) + kTokenSmemQ;
+  const uint32_t s_p = arch::smem_addr(smem) + kTokenSmemP;
   float* red_max = reinterpret_cast<float*>(smem + kTokenSmemRedMax);  // [warp][row]
   float* red_sum = reinterpret_cast<float*>(smem + kTokenSmemRedSum);  // [warp][row]
   TokenTile* tiles = reinterpret_cast<TokenTile*>(smem + kTokenSmemTiles);
@@ -174,9 +179,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // Before the wait (PDL: the grid is resident while the previous kernel runs): the first trips' lines into
   // the L2 (prewait_prefetch.cuh).
   if (kp.prewait_prefetch != 0 && warp == 0) prefetch_first_trips(kp, lane, b, g, x_cta, 1);
-  grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
+  arch::grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
   MSA_TRACE_DECL;
-  allow_dependent_launch();
+  arch::allow_dependent_launch();
 
   // ---- 1. the request, and (warp 0) the block indexes of the guessed token row x -------------------
   // A full batch has request b's token ti at row x = b * TQ + ti: reading the indexes now overlaps the
@@ -279,15 +284,13 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) {
-      namespace ptx = ::cuda::ptx;
       if (tid == 32) {  // one arrival, announcing the bytes every split will send this CTA (warp 1: off warp 0's path)
         uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
-        ptx::mbarrier_init(merge_bar, 1);
-        ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
-        (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, merge_bar,
-                                             static_cast<uint32_t>(owned_rows() * S * (D * 4 + 4)));
+        arch::mbarrier_init(merge_bar, 1);
+        arch::fence_mbarrier_init();
+        arch::mbarrier_arrive_expect_tx(merge_bar, static_cast<uint32_t>(owned_rows() * S * (D * 4 + 4)));
       }
-      ptx::barrier_cluster_arrive(ptx::sem_relaxed);
+      arch::cluster_arrive_relaxed();
     }
 #endif
   }
@@ -302,10 +305,11 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         const int idx = tid - 32 + k * (kTokenThreads - 32), r = idx >> 4, c = idx & 15;
         const bool ok = r < G;
         if (idx < kTokenRows * 16)
-          cp_async_16(s_q + r * kRowBytes + ((c ^ (r & 7)) << 4), ok ? qg + r * p.q_stride_head + c * 8 : p.q, ok ? 16 : 0);
+          arch::cp_async_16(s_q + r * kRowBytes + ((c ^ (r & 7)) << 4), ok ? qg + r * p.q_stride_head + c * 8 : p.q,
+                            ok ? 16 : 0);
       }
     }
-    cp_async_commit();
+    arch::cp_async_commit();
   }
 
   // ---- 2b. warp 0: pages of the selected blocks, the sorted list, this split's tiles -----------------
@@ -376,12 +380,12 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         const T* vrow = fill ? vr + r * p.v.stride_token : vg;
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          cp_async_16_pred(ks + 16 * i * kRowBytes + c * 128, krow + (fill ? c * 64 : 0), fill);
-          cp_async_16_pred(vs + 16 * i * kRowBytes + c * 128, vrow + (fill ? c * 64 : 0), fill);
+          arch::cp_async_16_pred(ks + 16 * i * kRowBytes + c * 128, krow + (fill ? c * 64 : 0), fill);
+          arch::cp_async_16_pred(vs + 16 * i * kRowBytes + c * 128, vrow + (fill ? c * 64 : 0), fill);
         }
       }
     }
-    cp_async_commit();  // empty groups too: the wait counts stay uniform
+    arch::cp_async_commit();  // empty groups too: the wait counts stay uniform
   };
 #pragma unroll
   for (int x = 0; x < kTokenStages - 1; ++x) issue(x, x);
@@ -390,7 +394,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     // The cluster barrier's wait (every CTA of the cluster has initialized its merge barrier) taken
     // while the first K/V tiles are in flight: at the sends it cost ~600 cycles of the D-B1 tail
     // (token_trace at d07921b, normalize included); every CTA arrived at its start long before.
-    if (S > 1) ::cuda::ptx::barrier_cluster_wait();
+    if (S > 1) arch::cluster_wait();
 #endif
   }
   // The push merge's destinations of this thread's two rows (owner CTA, slot, mapped addresses), found
@@ -423,13 +427,14 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
 
   // Q fragments (A operand of 8 k-steps) in registers; Q is the oldest cp.async group.
-  cp_async_wait<kTokenStages - 1>();
+  arch::cp_async_wait<kTokenStages - 1>();
   __syncthreads();
   uint32_t qa[D / 16][4];
   {
     const int mi = lane >> 3, r = (mi & 1) * 8 + (lane & 7);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[kk], s_q + r * kRowBytes + (((2 * kk + (mi >> 1)) ^ (r & 7)) << 4));
+    for (int kk = 0; kk < D / 16; ++kk)
+      arch::ldmatrix_x4(qa[kk], s_q + r * kRowBytes + (((2 * kk + (mi >> 1)) ^ (r & 7)) << 4));
   }
 
   // ---- 4. per tile: S = Q K^T (16 keys per warp), softmax across the warps, O += P V (32 dims per warp) -
@@ -440,7 +445,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   for (int n = 0; n < 4; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   int stage = 0, issue_stage = kTokenStages - 1;
   for (int x = 0; x < n_tiles; ++x) {
-    cp_async_wait<kTokenStages - 2>();
+    arch::cp_async_wait<kTokenStages - 2>();
     __syncthreads();  // tile x landed for all; every warp is done with tile x-1 (its stage, P, sums)
     issue(x + kTokenStages - 1, issue_stage);
     issue_stage = issue_stage == kTokenStages - 1 ? 0 : issue_stage + 1;
@@ -457,9 +462,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, ks + kr * kRowBytes + (((2 * kk + (mi & 1)) ^ (lane & 7)) << 4));
-        M::run(s[0], qa[kk], bk[0], bk[1]);
-        M::run(s[1], qa[kk], bk[2], bk[3]);
+        arch::ldmatrix_x4(bk, ks + kr * kRowBytes + (((2 * kk + (mi & 1)) ^ (lane & 7)) << 4));
+        arch::mma_m16n8k16<T>(s[0], qa[kk], bk[0], bk[1]);
+        arch::mma_m16n8k16<T>(s[1], qa[kk], bk[2], bk[3]);
       }
     }
     // Logits in the exp2 domain; keys past `visible` are -inf. Row maxima of this warp's 16 keys.
@@ -489,22 +494,22 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #pragma unroll
       for (int w = 0; w < 4; ++w) m = fmaxf(m, red_max[w * 16 + row0 + 8 * j]);
       base[j] = m == -INFINITY ? 0.f : m;  // a row that has seen nothing stays at p = 0
-      alpha[j] = exp2_approx(m_run[j] - base[j]);
+      alpha[j] = arch::exp2_approx(m_run[j] - base[j]);
       m_run[j] = m;
       sum[j] = 0.f;
     }
     // P (bf16 / fp16) to shared memory, [16 rows][64 keys], 16-byte chunks swizzled by row.
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const float p0 = exp2_approx(s[n][0] - base[0]), p1 = exp2_approx(s[n][1] - base[0]);
-      const float p2 = exp2_approx(s[n][2] - base[1]), p3 = exp2_approx(s[n][3] - base[1]);
+      const float p0 = arch::exp2_approx(s[n][0] - base[0]), p1 = arch::exp2_approx(s[n][1] - base[0]);
+      const float p2 = arch::exp2_approx(s[n][2] - base[1]), p3 = arch::exp2_approx(s[n][3] - base[1]);
       sum[0] += p0 + p1;
       sum[1] += p2 + p3;
       const int key = warp * 16 + n * 8 + 2 * (lane & 3), chunk = key >> 3;
       const uint32_t at0 = s_p + row0 * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
       const uint32_t at1 = s_p + (row0 + 8) * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at0), "r"(M::pack(p0, p1)));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at1), "r"(M::pack(p2, p3)));
+      arch::st_shared_b32(at0, arch::pack2<T>(p0, p1));
+      arch::st_shared_b32(at1, arch::pack2<T>(p2, p3));
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -535,15 +540,15 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #pragma unroll
       for (int kk = 0; kk < kTokenTileKeys / 16; ++kk) {
         uint32_t pa[4];
-        ldmatrix_x4(pa, s_p + pr * 128 + (((2 * kk + (mi >> 1)) ^ (pr & 7)) << 4));
+        arch::ldmatrix_x4(pa, s_p + pr * 128 + (((2 * kk + (mi >> 1)) ^ (pr & 7)) << 4));
         const int key = kk * 16 + vr;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t bv[4];
           const int chunk = warp * 4 + 2 * h + (mi >> 1);
-          ldmatrix_x4_trans(bv, vs + key * kRowBytes + ((chunk ^ (key & 7)) << 4));
-          M::run(o[2 * h], pa, bv[0], bv[1]);
-          M::run(o[2 * h + 1], pa, bv[2], bv[3]);
+          arch::ldmatrix_x4_trans(bv, vs + key * kRowBytes + ((chunk ^ (key & 7)) << 4));
+          arch::mma_m16n8k16<T>(o[2 * h], pa, bv[0], bv[1]);
+          arch::mma_m16n8k16<T>(o[2 * h + 1], pa, bv[2], bv[3]);
         }
       }
     }
@@ -571,7 +576,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       for (int n = 0; n < 4; ++n) {
         const int col = warp * 32 + n * 8 + 2 * (lane & 3);
         *reinterpret_cast<uint32_t*>(og + r * p.o_stride_head + col) =
-            M::pack(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]);
+            arch::pack2<T>(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]);
       }
       if (lseg && warp == 0 && (lane & 3) == 0) lseg[r * p.lse_stride_head] = lse[j];
     }
@@ -583,16 +588,15 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const auto real_row = [&](int r) { return r < G; };
   const auto emit = [&](int r, int c, const float (&acc)[8], float row_lse) {
     uint4 pk;
-    pk.x = M::pack(acc[0], acc[1]);
-    pk.y = M::pack(acc[2], acc[3]);
-    pk.z = M::pack(acc[4], acc[5]);
-    pk.w = M::pack(acc[6], acc[7]);
+    pk.x = arch::pack2<T>(acc[0], acc[1]);
+    pk.y = arch::pack2<T>(acc[2], acc[3]);
+    pk.z = arch::pack2<T>(acc[4], acc[5]);
+    pk.w = arch::pack2<T>(acc[6], acc[7]);
     *reinterpret_cast<uint4*>(og + r * p.o_stride_head + c * 8) = pk;
     if (lseg && c == 0) lseg[r * p.lse_stride_head] = row_lse;
   };
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace ptx = ::cuda::ptx;
     uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
     const int rows_per_split = div_s(kTokenRows + S - 1);
     float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
@@ -605,13 +609,12 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       for (int n = 0; n < 4; ++n) {
         // A row that saw no key sends zeros (o * 0 would pass on a NaN the merge must not see).
         const float v[2] = {l_run[j] > 0.f ? o[n][2 * j] * inv[j] : 0.f, l_run[j] > 0.f ? o[n][2 * j + 1] * inv[j] : 0.f};
-        ptx::st_async(send_o[j] + n * 8, v, send_bar[j]);
+        arch::st_async(send_o[j] + n * 8, v, send_bar[j]);
       }
-      if (warp == 0 && (lane & 3) == 0) ptx::st_async(send_lse[j], lse[j], send_bar[j]);
+      if (warp == 0 && (lane & 3) == 0) arch::st_async(send_lse[j], lse[j], send_bar[j]);
     }
     MSA_TRACE_MARK(13, 0);  // rows sent
-    while (!ptx::mbarrier_try_wait_parity(ptx::sem_acquire, ptx::scope_cluster, merge_bar, 0u)) {
-    }
+    arch::mbarrier_wait_cluster(merge_bar, 0u);
     MSA_TRACE_MARK(14, 0);  // this CTA's rows arrived
     // W: the owned values (owned x 128) spread over the 128 threads.
     const auto emit_w = [&](int r, int col, const auto& acc, float row_lse) {
@@ -620,12 +623,12 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       if constexpr (W == 1) {
         *dst = static_cast<T>(acc[0]);
       } else if constexpr (W == 2) {
-        *reinterpret_cast<uint32_t*>(dst) = M::pack(acc[0], acc[1]);
+        *reinterpret_cast<uint32_t*>(dst) = arch::pack2<T>(acc[0], acc[1]);
       } else if constexpr (W == 4) {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(M::pack(acc[0], acc[1]), M::pack(acc[2], acc[3]));
+        *reinterpret_cast<uint2*>(dst) = make_uint2(arch::pack2<T>(acc[0], acc[1]), arch::pack2<T>(acc[2], acc[3]));
       } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(M::pack(acc[0], acc[1]), M::pack(acc[2], acc[3]),
-                                                    M::pack(acc[4], acc[5]), M::pack(acc[6], acc[7]));
+        *reinterpret_cast<uint4*>(dst) = make_uint4(arch::pack2<T>(acc[0], acc[1]), arch::pack2<T>(acc[2], acc[3]),
+                                                    arch::pack2<T>(acc[4], acc[5]), arch::pack2<T>(acc[6], acc[7]));
       }
       if (lseg && col == 0) lseg[r * p.lse_stride_head] = row_lse;
     };
@@ -655,7 +658,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
   // The split's normalized rows (fp32 [16][128], then 16 lse) go to stage memory, which every warp is
   // done reading after this barrier (and no copy is pending: the groups past the last tile are empty).
-  cp_async_wait<0>();
+  arch::cp_async_wait<0>();
   __syncthreads();
   float* po = reinterpret_cast<float*>(smem + kTokenSmemStages);
   float* plse = po + kTokenRows * D;
@@ -670,7 +673,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     if (warp == 0 && (lane & 3) == 0) plse[r] = lse[j];
   }
   MSA_TRACE_MARK(13, 0);  // rows staged
-  merge_splits_in_cluster<D, kTokenRows, kTokenThreads>(smem_addr(po), smem_addr(plse), S, split, real_row, emit);
+  merge_splits_in_cluster<D, kTokenRows, kTokenThreads>(arch::smem_addr(po), arch::smem_addr(plse), S, split, real_row,
+                                                        emit);
   MSA_TRACE_MARK(15, 0);
   MSA_TRACE_END(S);
 }

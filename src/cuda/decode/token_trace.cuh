@@ -17,6 +17,9 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/special_registers.cuh"
+
 namespace msa::detail::cuda::decode {
 
 static __device__ unsigned g_token_trace_ctas = 0;  // traced CTAs that finished, all launches
@@ -28,13 +31,12 @@ struct TokenTrace {
   uint64_t start_ns;
   __device__ void mark(int i, uint32_t dep) {
     __shared__ uint32_t sink;  // a shared store: it waits for dep, and for nothing in the memory system
-    asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(&sink))), "r"(dep)
-                 : "memory");
+    arch::st_volatile_shared(&sink, dep);
     t[i] = clock64();
   }
   __device__ void begin() {
     for (int i = 0; i < kMarks; ++i) t[i] = -1;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start_ns));
+    start_ns = arch::globaltimer_ns();
     t[0] = clock64();
   }
   __device__ void end(int S) {
@@ -43,8 +45,7 @@ struct TokenTrace {
     const unsigned traced = gridDim.x > 1 ? 2u : 1u;  // CTAs of one launch that print
     const unsigned n = atomicAdd(&g_token_trace_ctas, 1u) / (traced * static_cast<unsigned>(S));
     if (n < kTraceFirst || n >= kTraceFirst + kTraceLaunches) return;
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned sm = arch::sm_id();
     long long d[kMarks];
     for (int i = 1; i < kMarks; ++i) d[i] = t[i] < 0 ? -1LL : t[i] - t[0];
     static_assert(kMarks == 17, "one printf: the lines of different CTAs do not interleave");

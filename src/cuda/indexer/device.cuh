@@ -1,5 +1,6 @@
 // Device helpers shared by the indexer kernels: request and page-table lookups that never read out of
-// bounds whatever the device values, the PTX the kernels use, and fp8 / fp16 conversions.
+// bounds whatever the device values, and fp8 / fp16 conversions (the instructions they issue are in
+// cuda/arch/).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +11,7 @@
 #include <type_traits>
 
 #include "core/params.h"
+#include "cuda/arch/sm80.cuh"
 #include "cuda/indexer/config.h"
 
 namespace msa::detail::cuda::indexer {
@@ -125,61 +127,9 @@ struct PageDiv {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Loads and async copies.
-
-// 16-byte streaming load of index K: read once, so kept out of L1, and the L2 asked to fetch 256 B
-// (a whole bf16 key row) per miss. volatile: the callers guard these loads with a pointer check, which
-// the compiler must not hoist them above.
-__device__ __forceinline__ uint4 ld_stream16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint4 ld_nc16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // 32-bit word i (0..3) of a 16-byte load; i is a compile-time constant after unrolling.
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy; src_bytes = 0 fills zeros without reading src.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// ---------------------------------------------------------------------------------------------
-// mma.sync m16n8k16 (fp32 accumulate): c += A(16x16, row) * B(16x8, col).
-template <bool kF16>
-__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  if constexpr (kF16) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -228,11 +178,6 @@ __device__ __forceinline__ float2 to_float2(uint32_t w) {
   }
 }
 
-__device__ __forceinline__ uint32_t float2_to_f16x2(float a, float b) {
-  const __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 __device__ __forceinline__ float amax_of(uint32_t w, bool bf16) {
   const float2 f = bf16 ? to_float2<__nv_bfloat16>(w) : to_float2<__half>(w);
   return fmaxf(fabsf(f.x), fabsf(f.y));
@@ -243,10 +188,10 @@ template <typename QT>
 __device__ __forceinline__ uint4 chunk_to_scaled_f16(uint4 v, float scale) {
   uint4 r;
   float2 f;
-  f = to_float2<QT>(v.x), r.x = float2_to_f16x2(f.x * scale, f.y * scale);
-  f = to_float2<QT>(v.y), r.y = float2_to_f16x2(f.x * scale, f.y * scale);
-  f = to_float2<QT>(v.z), r.z = float2_to_f16x2(f.x * scale, f.y * scale);
-  f = to_float2<QT>(v.w), r.w = float2_to_f16x2(f.x * scale, f.y * scale);
+  f = to_float2<QT>(v.x), r.x = arch::pack2<__half>(f.x * scale, f.y * scale);
+  f = to_float2<QT>(v.y), r.y = arch::pack2<__half>(f.x * scale, f.y * scale);
+  f = to_float2<QT>(v.z), r.z = arch::pack2<__half>(f.x * scale, f.y * scale);
+  f = to_float2<QT>(v.w), r.w = arch::pack2<__half>(f.x * scale, f.y * scale);
   return r;
 }
 

@@ -13,6 +13,7 @@
 
 #include <type_traits>
 
+#include "cuda/arch/sm80.cuh"
 #include "cuda/indexer/device.cuh"
 #include "cuda/indexer/scores_stream.cuh"  // Fp8Tag
 
@@ -21,7 +22,8 @@ namespace msa::detail::cuda::indexer {
 template <typename QT, typename KT>
 struct PortableTraits {
   static constexpr bool kF8 = std::is_same_v<KT, Fp8Tag>;
-  static constexpr bool kMmaF16 = kF8 || std::is_same_v<QT, __half>;
+  // The mma's operand type: fp16 for fp8 keys (converted exactly) and for fp16 queries, else bf16.
+  using MmaT = std::conditional_t<kF8 || std::is_same_v<QT, __half>, __half, __nv_bfloat16>;
   static constexpr int kRowBytes = kF8 ? 128 : 256;
   static constexpr int kKeyBytes = kBlock * kRowBytes;
   static constexpr int kStageBytes = kKeyBytes + (kF8 ? kBlock * 4 : 0);  // + per-token scales
@@ -91,7 +93,8 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
                                                                 (kh * G + j) * p.q_stride_head
                                                           : 0);
 #pragma unroll
-    for (int s = 0; s < 4; ++s) qa[h][s] = valid ? ld_nc16(qrow + 8 * (t + 4 * s)) : make_uint4(0, 0, 0, 0);
+    for (int s = 0; s < 4; ++s)
+      qa[h][s] = valid ? arch::ld_global_nc_v4(qrow + 8 * (t + 4 * s)) : make_uint4(0, 0, 0, 0);
     hi[h] = valid ? visible_end(rq, rq.offset + tok0 + i, p.causal) : 0;
     outp[h] = valid ? p.out + (tok_base + i) * p.out_stride_token + (kh * G + j) * p.out_stride_head : nullptr;
     if constexpr (Tr::kF8) {
@@ -131,9 +134,7 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
       float* scales = reinterpret_cast<float*>(dst + Tr::kKeyBytes);
       const float* src = pg >= 0 ? p.k_scale + pg * p.ks_stride_page + kh * p.ks_stride_head + off * p.ks_stride_token
                                  : p.k_scale;
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(scales + my_row)), "l"(src),
-                   "r"(pg >= 0 ? 4 : 0)
-                   : "memory");
+      arch::cp_async_4(arch::smem_addr(scales + my_row), src, pg >= 0 ? 4 : 0);
     }
     const int piece = tid % Tr::kPiecesPerRow;
 #pragma unroll
@@ -144,20 +145,20 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
       const char* src = a ? reinterpret_cast<const char*>(a) + piece * 16 : kbase;
       // a 16-byte piece is one bf16 chunk, or fp8 chunks 2*piece and 2*piece+1 (kept adjacent by the swizzle)
       const uint32_t d = Tr::kF8 ? Tr::chunk_offset(r, 2 * piece) : Tr::chunk_offset(r, piece);
-      cp_async16(smem_u32(dst + d), src, a ? 16 : 0);
+      arch::cp_async_16(arch::smem_addr(dst + d), src, a ? 16 : 0);
     }
   };
 
 #pragma unroll
   for (int s = 0; s < kPortableStages - 1; ++s) {
     if (s < ncomp) load_block(s);
-    cp_async_commit();
+    arch::cp_async_commit();
   }
   for (int it = 0; it < ncomp; ++it) {
-    cp_async_wait<kPortableStages - 2>();
+    arch::cp_async_wait<kPortableStages - 2>();
     __syncthreads();  // block `it` visible to all; the stage refilled below was read last iteration
     if (it + kPortableStages - 1 < ncomp) load_block(it + kPortableStages - 1);
-    cp_async_commit();
+    arch::cp_async_commit();
 
     const uint8_t* ks = smem + (it % kPortableStages) * Tr::kStageBytes;
     const int blk = blk_begin + it;
@@ -182,8 +183,9 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
       for (int s = 0; s < 4; ++s)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          mma_16816<Tr::kMmaF16>(acc, word(qa[0][s], 2 * e), word(qa[1][s], 2 * e), word(qa[0][s], 2 * e + 1),
-                                 word(qa[1][s], 2 * e + 1), word(kb[s], 2 * e), word(kb[s], 2 * e + 1));
+          arch::mma_m16n8k16<typename Tr::MmaT>(acc, word(qa[0][s], 2 * e), word(qa[1][s], 2 * e),
+                                                word(qa[0][s], 2 * e + 1), word(qa[1][s], 2 * e + 1),
+                                                word(kb[s], 2 * e), word(kb[s], 2 * e + 1));
       if constexpr (Tr::kF8) {
         const float2 sc = *reinterpret_cast<const float2*>(ks + Tr::kKeyBytes + (8 * nt + 2 * t) * 4);
         acc[0] *= sc.x, acc[1] *= sc.y, acc[2] *= sc.x, acc[3] *= sc.y;
@@ -203,7 +205,7 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
       if ((lane & 3) == h && outp[h]) outp[h][blk * p.out_stride_block] = m * inv[h];
     }
   }
-  cp_async_wait_all();
+  arch::cp_async_wait_all();
 }
 
 }  // namespace msa::detail::cuda::indexer

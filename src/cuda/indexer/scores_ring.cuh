@@ -25,9 +25,11 @@
 
 #include <type_traits>
 
+#include "cuda/arch/memory.cuh"
 #include "cuda/arch/pdl.cuh"
+#include "cuda/arch/sm80.cuh"
+#include "cuda/arch/sm90.cuh"
 #include "cuda/indexer/device.cuh"
-#include "cuda/indexer/sm90_ptx.cuh"
 
 namespace msa::detail::cuda::indexer {
 
@@ -67,39 +69,19 @@ __device__ __forceinline__ int64_t request_visible_end(const Request& rq, bool c
   return rq.q_len > 0 ? visible_end(rq, rq.offset + rq.q_len - 1, causal) : 0;
 }
 
-__device__ __forceinline__ void st_volatile_shared(int64_t* p, int64_t v) {
-  asm volatile("st.volatile.shared.s64 [%0], %1;" ::"r"(smem_u32(p)), "l"(v) : "memory");
-}
-__device__ __forceinline__ int64_t ld_volatile_shared(const int64_t* p) {
-  int64_t v;
-  asm volatile("ld.volatile.shared.s64 %0, [%1];" : "=l"(v) : "r"(smem_u32(p)) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ float lds_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
-  return v;
-}
 template <typename QT, bool kF8>
 __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __grid_constant__ RingArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using namespace sm90;
   using L = RingLayout<kF8>;
   constexpr int S = L::kStages;
   constexpr int C = L::kItemBlocks;
   const BlockScoresParams& p = a.p;
   // The next kernel of a decode step (select_topk, launched with PDL) may be scheduled now; it waits in
-  // grid_dependency_wait() until these scores are complete, but its launch latency is hidden.
-  allow_dependent_launch();
+  // arch::grid_dependency_wait() until these scores are complete, but its launch latency is hidden.
+  arch::allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const uint32_t ring = smem_u32(smem);
+  const uint32_t ring = arch::smem_addr(smem);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * L::kStageBytes);
   uint64_t* empty = full + S;
   int64_t* claimed = reinterpret_cast<int64_t*>(empty + S);  // stages the producer has waited for
@@ -114,17 +96,17 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full + s, 1);      // the producer's arrival (with the stage's transaction bytes)
-      mbar_init(empty + s, 1);     // the consuming warp's arrival
+      arch::mbarrier_init(full + s, 1);      // the producer's arrival (with the stage's transaction bytes)
+      arch::mbarrier_init(empty + s, 1);     // the consuming warp's arrival
     }
-    fence_mbarrier_init();
+    arch::fence_mbarrier_init();
     *claimed = 0;
   }
   __syncthreads();
 
   if (warp == kRingConsumerWarps) {
     // ---------------- producer ----------------
-    if (lane == 0) tma_prefetch_descriptor(&a.keys);
+    if (lane == 0) arch::tma_prefetch_descriptor(&a.keys);
     const int rows = min(p.k.page_size, kBlock), parts = kBlock / rows;
     const int per_round = 32 / parts;
     const PageDiv pd{p.k.page_size, a.page_shift};
@@ -159,38 +141,39 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
         const bool mine = lane < parts;
         const unsigned load_mask = __ballot_sync(kFullMask, mine && my_pg >= 0);
         const unsigned zero_mask = __ballot_sync(kFullMask, mine && my_pg == -1);
-        if (sk >= S) mbar_wait(empty + stage, ((sk / S) - 1) & 1);
-        if (lane == 0) st_volatile_shared(claimed, sk + 1);
+        if (sk >= S) arch::mbarrier_wait(empty + stage, ((sk / S) - 1) & 1);
+        if (lane == 0) arch::st_volatile_shared(claimed, sk + 1);
         if (zero_mask) {  // pages outside the pool: zero keys (and scales), written by the warp
           for (unsigned m = zero_mask; m; m &= m - 1) {
             const int zp = __ffs(m) - 1;
             for (int x = 16 * lane; x < rows * 128; x += 512) {
-              sts128_zero(base + zp * rows * 128 + x);
-              if constexpr (!kF8) sts128_zero(base + L::kHalfBytes + zp * rows * 128 + x);
+              arch::st_shared_zero16(base + zp * rows * 128 + x);
+              if constexpr (!kF8) arch::st_shared_zero16(base + L::kHalfBytes + zp * rows * 128 + x);
             }
             if constexpr (kF8)
-              for (int x = 16 * lane; x < rows * 4; x += 512) sts128_zero(base + L::kKeyBytes + zp * rows * 4 + x);
+              for (int x = 16 * lane; x < rows * 4; x += 512)
+                arch::st_shared_zero16(base + L::kKeyBytes + zp * rows * 4 + x);
           }
-          fence_proxy_async();  // these generic writes come before later TMA writes into the stage
+          arch::fence_proxy_async();  // these generic writes come before later TMA writes into the stage
         }
         __syncwarp();
         if (lane == 0) {
           const uint32_t bytes = __popc(load_mask) * rows * kPartBytes;
           if (bytes)
-            mbar_arrive_expect_tx(full + stage, bytes);
+            arch::mbarrier_arrive_expect_tx(full + stage, bytes);
           else
-            mbar_arrive(full + stage);
+            arch::mbarrier_arrive(full + stage);
         }
         __syncwarp();  // the transaction bytes are announced before any copy can complete them
         if (mine && my_pg >= 0) {
           const uint32_t dst = base + lane * rows * 128;
           if constexpr (kF8) {
-            tma_load_4d(dst, &a.keys, 0, my_off, my_kh, my_pg, full + stage);
+            arch::tma_load_4d(dst, &a.keys, 0, my_off, my_kh, my_pg, full + stage);
             const float* sc = p.k_scale + my_pg * p.ks_stride_page + my_kh * p.ks_stride_head + my_off;
-            bulk_load(base + L::kKeyBytes + lane * rows * 4, sc, rows * 4, full + stage);
+            arch::bulk_load(base + L::kKeyBytes + lane * rows * 4, sc, rows * 4, full + stage);
           } else {
-            tma_load_4d(dst, &a.keys, 0, my_off, my_kh, my_pg, full + stage);
-            tma_load_4d(dst + L::kHalfBytes, &a.keys, 64, my_off, my_kh, my_pg, full + stage);
+            arch::tma_load_4d(dst, &a.keys, 0, my_off, my_kh, my_pg, full + stage);
+            arch::tma_load_4d(dst + L::kHalfBytes, &a.keys, 64, my_off, my_kh, my_pg, full + stage);
           }
         }
       }
@@ -223,7 +206,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
       if constexpr (kF8) {
         // Thread t feeds D elements [16q, 16q + 16) for q = 2t, 2t + 1: 32 contiguous elements.
 #pragma unroll
-        for (int u = 0; u < 4; ++u) qf[u] = valid ? ld_nc16(qrow + 32 * t + 8 * u) : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < 4; ++u)
+          qf[u] = valid ? arch::ld_global_nc_v4(qrow + 32 * t + 8 * u) : make_uint4(0, 0, 0, 0);
         float amax = fmaxf(fmaxf(chunk_amax<QT>(qf[0]), chunk_amax<QT>(qf[1])),
                            fmaxf(chunk_amax<QT>(qf[2]), chunk_amax<QT>(qf[3])));
         amax = warp_max_xor(amax, 1, 2);  // the quad holds the whole row
@@ -235,7 +219,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           const int q = 2 * t + (s & 1) + 8 * (s >> 1);
-          qf[s] = valid ? ld_nc16(qrow + 8 * q) : make_uint4(0, 0, 0, 0);
+          qf[s] = valid ? arch::ld_global_nc_v4(qrow + 8 * q) : make_uint4(0, 0, 0, 0);
         }
       }
 #pragma unroll
@@ -259,8 +243,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
       const int64_t s = j * C + i;
       const int stage = static_cast<int>(s % S);
       const uint32_t base = ring + stage * L::kStageBytes;
-      while (ld_volatile_shared(claimed) <= s) __nanosleep(32);
-      mbar_wait(full + stage, (s / S) & 1);
+      while (arch::ld_volatile_shared(claimed) <= s) __nanosleep(32);
+      arch::mbarrier_wait(full + stage, (s / S) & 1);
       for (int64_t pass = 0; pass < npass && blk < p.max_blocks; ++pass) {
         if (npass > 1) load_pass(pass);
         float m0 = -INFINITY, m1 = -INFINITY;
@@ -273,28 +257,30 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
 #pragma unroll
               for (int jj = 0; jj < 2; ++jj) {
                 const int q = 2 * t + jj;
-                const uint4 ka = lds128(base + r0 * 128 + ((q ^ g) << 4));
-                const uint4 kb = lds128(base + r1 * 128 + ((q ^ g) << 4));
+                const uint4 ka = arch::ld_shared_v4(base + r0 * 128 + ((q ^ g) << 4));
+                const uint4 kb = arch::ld_shared_v4(base + r1 * 128 + ((q ^ g) << 4));
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                   const uint2 xa = e4m3x4_to_f16x4(word(ka, u));
                   const uint2 xb = e4m3x4_to_f16x4(word(kb, u));
                   const uint4& qv = qf[2 * jj + (u >> 1)];
-                  mma_16816<true>(acc, xa.x, xb.x, xa.y, xb.y, word(qv, 2 * (u & 1)), word(qv, 2 * (u & 1) + 1));
+                  arch::mma_m16n8k16<__half>(acc, xa.x, xb.x, xa.y, xb.y, word(qv, 2 * (u & 1)),
+                                             word(qv, 2 * (u & 1) + 1));
                 }
               }
-              const float sa = lds_f32(base + L::kKeyBytes + r0 * 4), sb = lds_f32(base + L::kKeyBytes + r1 * 4);
+              const float sa = arch::ld_shared_f32(base + L::kKeyBytes + r0 * 4);
+              const float sb = arch::ld_shared_f32(base + L::kKeyBytes + r1 * 4);
               acc[0] *= sa, acc[1] *= sa, acc[2] *= sb, acc[3] *= sb;
             } else {
 #pragma unroll
               for (int s4 = 0; s4 < 4; ++s4) {
                 const int q = 2 * t + (s4 & 1) + 8 * (s4 >> 1);
                 const uint32_t off = (q >> 3) * L::kHalfBytes + (((q & 7) ^ g) << 4);
-                const uint4 ka = lds128(base + r0 * 128 + off);
-                const uint4 kb = lds128(base + r1 * 128 + off);
+                const uint4 ka = arch::ld_shared_v4(base + r0 * 128 + off);
+                const uint4 kb = arch::ld_shared_v4(base + r1 * 128 + off);
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                  mma_16816<std::is_same_v<QT, __half>>(acc, word(ka, 2 * e), word(kb, 2 * e), word(ka, 2 * e + 1),
+                  arch::mma_m16n8k16<QT>(acc, word(ka, 2 * e), word(kb, 2 * e), word(ka, 2 * e + 1),
                                                         word(kb, 2 * e + 1), word(qf[s4], 2 * e),
                                                         word(qf[s4], 2 * e + 1));
               }
@@ -331,7 +317,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
         }
       }
       __syncwarp();
-      if (lane == 0) mbar_arrive(empty + stage);
+      if (lane == 0) arch::mbarrier_arrive(empty + stage);
     }
   }
 #else

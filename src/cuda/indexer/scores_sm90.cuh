@@ -13,8 +13,10 @@
 // blocks. Blocks no row of the tile can see are written -inf without being loaded.
 #pragma once
 
+#include "cuda/arch/sm80.cuh"
+#include "cuda/arch/sm90.cuh"
+#include "cuda/arch/sm90_wgmma.cuh"
 #include "cuda/indexer/device.cuh"
-#include "cuda/indexer/sm90_ptx.cuh"
 
 namespace msa::detail::cuda::indexer {
 
@@ -42,13 +44,12 @@ __device__ __forceinline__ uint32_t swizzled_chunk(int r, int c, int half_bytes)
 template <bool kF16>
 __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __grid_constant__ Sm90Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using namespace sm90;
   const BlockScoresParams& p = a.p;
   const int tile_tokens = a.tile_tokens;
   using QT = std::conditional_t<kF16, __half, __nv_bfloat16>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const uint32_t q_s = smem_u32(smem);
+  const uint32_t q_s = arch::smem_addr(smem);
   const uint32_t k_s = q_s + 2 * kSm90QHalfBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + 2 * kSm90QHalfBytes + kSm90Stages * kSm90KStageBytes);
   uint64_t* empty = full + kSm90Stages;
@@ -95,10 +96,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kSm90Stages; ++s) {
-      mbar_init(full + s, a.tma ? 1 : 32);                // TMA: lane 0 with the bytes; cp.async: every lane
-      mbar_init(empty + s, 4 * kSm90ConsumerWarpgroups);  // one arrival per consumer warp
+      arch::mbarrier_init(full + s, a.tma ? 1 : 32);                // TMA: lane 0 with the bytes; cp.async: every lane
+      arch::mbarrier_init(empty + s, 4 * kSm90ConsumerWarpgroups);  // one arrival per consumer warp
     }
-    fence_mbarrier_init();
+    arch::fence_mbarrier_init();
   }
   __syncthreads();
 
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
     // ---------------- producer: TMA boxes into the stage ring ----------------
     // Lane l resolves block it0 + l / parts, box l % parts (pg = -2: beyond every row's keys, not loaded;
     // -1: outside the pool, zero keys written by the warp); then per block the boxes' lanes issue them.
-    if (lane == 0) tma_prefetch_descriptor(&a.keys);
+    if (lane == 0) arch::tma_prefetch_descriptor(&a.keys);
     const PageRow pr = page_row(p.pages, b);
     const PageDiv pd{p.k.page_size, a.page_shift};
     const int rows = min(p.k.page_size, kBlock), parts = kBlock / rows, per_round = 32 / parts;
@@ -129,30 +130,30 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
         const bool mine = lane < parts;
         const unsigned load_mask = __ballot_sync(kFullMask, mine && my_pg >= 0);
         const unsigned zero_mask = __ballot_sync(kFullMask, mine && my_pg == -1);
-        if (it >= kSm90Stages) mbar_wait(empty + stage, ((it / kSm90Stages) - 1) & 1);
+        if (it >= kSm90Stages) arch::mbarrier_wait(empty + stage, ((it / kSm90Stages) - 1) & 1);
         if (zero_mask) {
           for (unsigned m = zero_mask; m; m &= m - 1) {
             const int zp = __ffs(m) - 1;
             for (int x = 16 * lane; x < rows * 128; x += 512) {
-              sts128_zero(dst_stage + zp * rows * 128 + x);
-              sts128_zero(dst_stage + kSm90KHalfBytes + zp * rows * 128 + x);
+              arch::st_shared_zero16(dst_stage + zp * rows * 128 + x);
+              arch::st_shared_zero16(dst_stage + kSm90KHalfBytes + zp * rows * 128 + x);
             }
           }
-          fence_proxy_async();  // generic zeros before the wgmma (async proxy) reads them
+          arch::fence_proxy_async();  // generic zeros before the wgmma (async proxy) reads them
         }
         __syncwarp();
         if (lane == 0) {
           const uint32_t bytes = __popc(load_mask) * rows * 256;
           if (bytes)
-            mbar_arrive_expect_tx(full + stage, bytes);
+            arch::mbarrier_arrive_expect_tx(full + stage, bytes);
           else
-            mbar_arrive(full + stage);
+            arch::mbarrier_arrive(full + stage);
         }
         __syncwarp();  // the bytes are announced before any box can complete them
         if (mine && my_pg >= 0) {
           const uint32_t dst = dst_stage + lane * rows * 128;
-          tma_load_4d(dst, &a.keys, 0, my_off, kh, my_pg, full + stage);
-          tma_load_4d(dst + kSm90KHalfBytes, &a.keys, 64, my_off, kh, my_pg, full + stage);
+          arch::tma_load_4d(dst, &a.keys, 0, my_off, kh, my_pg, full + stage);
+          arch::tma_load_4d(dst + kSm90KHalfBytes, &a.keys, 64, my_off, kh, my_pg, full + stage);
         }
       }
     }
@@ -181,28 +182,28 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
         const int pg = j < hi_last ? page_of(pr, lp, p.pages.num_pages) : -1;
         row_addr[q] = pg >= 0 ? reinterpret_cast<unsigned long long>(kbase + pg * sp + off * st) : 0ull;
       }
-      if (it >= kSm90Stages) mbar_wait(empty + stage, ((it / kSm90Stages) - 1) & 1);
+      if (it >= kSm90Stages) arch::mbarrier_wait(empty + stage, ((it / kSm90Stages) - 1) & 1);
       const uint32_t dst_stage = k_s + stage * kSm90KStageBytes;
 #pragma unroll
       for (int m = 0; m < kBlock / 2; ++m) {
         const int r = 2 * m + half;
         const unsigned long long a = __shfl_sync(kFullMask, row_addr[m / 16], r & 31);
         const char* src = a ? reinterpret_cast<const char*>(a) + c * 16 : kbase;
-        cp_async16(dst_stage + swizzled_chunk(r, c, kSm90KHalfBytes), src, a ? 16 : 0);
+        arch::cp_async_16(dst_stage + swizzled_chunk(r, c, kSm90KHalfBytes), src, a ? 16 : 0);
       }
-      cp_async_commit();
+      arch::cp_async_commit();
       // Block it-1 is signalled once block it is in flight: wait for its copies, make them visible to
       // the async proxy (wgmma), release. The one-block lag never stalls the consumers, who need it-1
       // only after finishing it-2, while issuing `it` needed just block it-4 finished.
       if (it > 0) {
-        cp_async_wait<1>();
-        fence_proxy_async();
-        mbar_arrive(full + (it - 1) % kSm90Stages);
+        arch::cp_async_wait<1>();
+        arch::fence_proxy_async();
+        arch::mbarrier_arrive(full + (it - 1) % kSm90Stages);
       }
     }
-    cp_async_wait_all();
-    fence_proxy_async();
-    mbar_arrive(full + (ncomp - 1) % kSm90Stages);
+    arch::cp_async_wait_all();
+    arch::fence_proxy_async();
+    arch::mbarrier_arrive(full + (ncomp - 1) % kSm90Stages);
     return;
   }
 
@@ -218,12 +219,12 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
     const QT* src = static_cast<const QT*>(p.q) + (valid ? (tok_base + i) * p.q_stride_token +
                                                                (kh * G + j) * p.q_stride_head + 8 * c
                                                          : 0);
-    cp_async16(q_s + swizzled_chunk(row, c, kSm90QHalfBytes), src, valid ? 16 : 0);
+    arch::cp_async_16(q_s + swizzled_chunk(row, c, kSm90QHalfBytes), src, valid ? 16 : 0);
   }
-  cp_async_commit();
-  cp_async_wait_all();
-  fence_proxy_async();
-  named_barrier_sync(1 + wg, 128);
+  arch::cp_async_commit();
+  arch::cp_async_wait_all();
+  arch::fence_proxy_async();
+  arch::named_barrier_sync(1 + wg, 128);
 
   // Accumulator rows of this thread: r_lo (values 4j, 4j+1) and r_lo + 8 (4j+2, 4j+3).
   int64_t hi[2];
@@ -236,28 +237,28 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
     hi[h] = valid ? visible_end(rq, rq.offset + tok0 + i, p.causal) : 0;
     outp[h] = valid ? p.out + (tok_base + i) * p.out_stride_token + (kh * G + j) * p.out_stride_head : nullptr;
   }
-  const uint64_t desc_q = smem_desc(q_s + 64 * wg * 128);
+  const uint64_t desc_q = arch::smem_desc_kmajor_sw128(q_s + 64 * wg * 128);
   const bool blocks_contiguous = p.out_stride_block == 1;  // THK: a row's blocks are adjacent in out
   float acc[64];
   float keep[2] = {-INFINITY, -INFINITY};
   for (int it = 0; it < ncomp; ++it) {
     const int stage = it % kSm90Stages;
     const int blk = blk_begin + it;
-    mbar_wait(full + stage, (it / kSm90Stages) & 1);
-    const uint64_t desc_k = smem_desc(k_s + stage * kSm90KStageBytes);
-    fence_accumulators(acc);
-    wgmma_fence();
+    arch::mbarrier_wait(full + stage, (it / kSm90Stages) & 1);
+    const uint64_t desc_k = arch::smem_desc_kmajor_sw128(k_s + stage * kSm90KStageBytes);
+    arch::fence_regs(acc);
+    arch::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kHeadDim / 16; ++k) {
       const uint32_t qo = (k >> 2) * kSm90QHalfBytes + (k & 3) * 32;
       const uint32_t ko = (k >> 2) * kSm90KHalfBytes + (k & 3) * 32;
-      wgmma_m64n128k16<kF16>(acc, desc_q + (qo >> 4), desc_k + (ko >> 4), k > 0);
+      arch::wgmma_m64n128k16_ss<QT>(acc, desc_q + (qo >> 4), desc_k + (ko >> 4), k > 0);
     }
-    wgmma_commit();
-    wgmma_wait_all();
-    fence_accumulators(acc);
+    arch::wgmma_commit();
+    arch::wgmma_wait<0>();
+    arch::fence_regs(acc);
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty + stage);
+    if (lane == 0) arch::mbarrier_arrive(empty + stage);
 
     // Row max over the block's 128 keys (columns 8j + e + 2 (lane & 3) of this thread). Only blocks where
     // some row of the tile stops (the diagonal) need the mask: a 32-bit limit per row then costs one

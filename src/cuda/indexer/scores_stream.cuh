@@ -12,6 +12,8 @@
 
 #include <type_traits>
 
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/sm80.cuh"
 #include "cuda/indexer/device.cuh"
 
 namespace msa::detail::cuda::indexer {
@@ -21,7 +23,8 @@ struct Fp8Tag {};  // index K stored as fp8 e4m3 with a per-token fp32 scale
 template <typename QT, typename KT>
 struct StreamTraits {
   static constexpr bool kF8 = std::is_same_v<KT, Fp8Tag>;
-  static constexpr bool kMmaF16 = kF8 || std::is_same_v<QT, __half>;
+  // The mma's operand type: fp16 for fp8 keys (converted exactly) and for fp16 queries, else bf16.
+  using MmaT = std::conditional_t<kF8 || std::is_same_v<QT, __half>, __half, __nv_bfloat16>;
   static constexpr int kElemBytes = kF8 ? 1 : 2;
   static constexpr int kLoadsPerRow = kF8 ? 2 : 4;  // 16-byte loads of one key row per thread (row/4)
   static constexpr int kTilesPerStep = kStreamStepBytes / (2 * kLoadsPerRow * 16);
@@ -81,7 +84,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kStreamMinCtasPerSm)
       const QT* qrow = static_cast<const QT*>(p.q) + (rq.q_begin + (valid ? col_token(g) : 0)) * p.q_stride_token +
                        col_head(g) * p.q_stride_head;
 #pragma unroll
-      for (int s = 0; s < 4; ++s) qf[s] = valid ? ld_nc16(qrow + 8 * Tr::chunk_of(t, s)) : make_uint4(0, 0, 0, 0);
+      for (int s = 0; s < 4; ++s)
+        qf[s] = valid ? arch::ld_global_nc_v4(qrow + 8 * Tr::chunk_of(t, s)) : make_uint4(0, 0, 0, 0);
       if constexpr (Tr::kF8) {
         float amax = fmaxf(fmaxf(chunk_amax<QT>(qf[0]), chunk_amax<QT>(qf[1])),
                            fmaxf(chunk_amax<QT>(qf[2]), chunk_amax<QT>(qf[3])));
@@ -141,8 +145,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kStreamMinCtasPerSm)
             const char* pb = row_ptr(ja + 8, &psb);
 #pragma unroll
             for (int u = 0; u < kLpr; ++u) {
-              ka[tt][u] = pa ? ld_stream16(pa + Tr::load_offset(t, u)) : make_uint4(0, 0, 0, 0);
-              kb[tt][u] = pb ? ld_stream16(pb + Tr::load_offset(t, u)) : make_uint4(0, 0, 0, 0);
+              ka[tt][u] = pa ? arch::ld_global_stream_v4(pa + Tr::load_offset(t, u)) : make_uint4(0, 0, 0, 0);
+              kb[tt][u] = pb ? arch::ld_global_stream_v4(pb + Tr::load_offset(t, u)) : make_uint4(0, 0, 0, 0);
             }
             if constexpr (Tr::kF8) {
               sa[tt] = psa ? __ldg(psa) : 0.f;
@@ -165,7 +169,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kStreamMinCtasPerSm)
                   a0 = word(ka[tt][s], 2 * e), a2 = word(ka[tt][s], 2 * e + 1);
                   a1 = word(kb[tt][s], 2 * e), a3 = word(kb[tt][s], 2 * e + 1);
                 }
-                mma_16816<Tr::kMmaF16>(acc, a0, a1, a2, a3, word(qf[s], 2 * e), word(qf[s], 2 * e + 1));
+                arch::mma_m16n8k16<typename Tr::MmaT>(acc, a0, a1, a2, a3, word(qf[s], 2 * e), word(qf[s], 2 * e + 1));
               }
             }
             if constexpr (Tr::kF8) {

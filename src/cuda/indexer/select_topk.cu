@@ -1,10 +1,10 @@
 // Launch of select_topk: the register capacity per lane is picked from the scores' block extent, the
 // decode form (speculative request guess and row loads) from the token and request counts.
-#include "cuda/runtime/check.cuh"
-#include "cuda/runtime/device_buffer.cuh"
-#include "cuda/arch/pdl.cuh"
 #include "cuda/indexer/launch.h"
 #include "cuda/indexer/topk.cuh"
+#include "cuda/runtime/check.cuh"
+#include "cuda/runtime/device_buffer.cuh"
+#include "cuda/runtime/launch.cuh"
 #include "msa/error.h"
 
 namespace msa::detail::cuda::indexer {

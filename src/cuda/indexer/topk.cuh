@@ -122,12 +122,12 @@ __device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
 // kDecode (few tokens per request, host-known): the request of token t is guessed as t * B / T (exact
 // for uniform batches, checked, searched otherwise) and the row's scores and the guessed request's
 // lengths are loaded together, so a row costs one round trip to memory instead of three.
-// Launched with PDL on sm_90 (launch_select_topk): nothing is read before grid_dependency_wait().
+// Launched with PDL on sm_90 (launch_select_topk): nothing is read before arch::grid_dependency_wait().
 template <int CAP, bool kDecode>
 __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams p, bool token_fastest) {
   extern __shared__ uint32_t smem_keys[];
-  grid_dependency_wait();
-  allow_dependent_launch();
+  arch::grid_dependency_wait();
+  arch::allow_dependent_launch();
   const int lane = threadIdx.x & 31;
   const int warps = blockDim.x >> 5;
   const int64_t T = p.seqs.total_q;

@@ -7,10 +7,13 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "cuda/arch/fast_math.cuh"
+#include "cuda/arch/sm80.cuh"
+#include "cuda/arch/sm90.cuh"
+#include "cuda/arch/sm90_wgmma.cuh"
 #include "cuda/prefill_sm90/config.h"
-#include "cuda/prefill_sm90/sync.cuh"
-#include "cuda/prefill_sm90/wgmma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MSA_SM90A_DEVICE 1
@@ -18,45 +21,38 @@
 
 namespace msa::detail::cuda::prefill_sm90 {
 
-// Two floats -> one bf16x2 / f16x2 word (low half first). Outside the sm_90a guard: the LSE merge
-// (kvmajor_lists.cu) is compiled for every target.
+// The element type of Q, K, V and O.
 template <bool kBf16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (kBf16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
+using Element = std::conditional_t<kBf16, __nv_bfloat16, __half>;
 
 #ifdef MSA_SM90A_DEVICE
 
 // S = Q K^T over D = 128: 8 k-steps, 4 per 64-dim half (32 B apart inside a swizzle atom).
 template <bool kBf16>
 __device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t q_addr, uint32_t k_addr) {
-  const uint32_t q_lo = smem_desc_lo(q_addr, 16), k_lo = smem_desc_lo(k_addr, 16);
-  constexpr uint32_t hi = smem_desc_hi(1024);
+  const uint32_t q_lo = arch::smem_desc_lo(q_addr, 16), k_lo = arch::smem_desc_lo(k_addr, 16);
+  constexpr uint32_t hi = arch::smem_desc_hi(1024);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     const uint32_t off = (kk / 4) * kHalfTileBytes + (kk % 4) * 32;
-    mma_ss<kBf16>(sc, smem_desc_at(q_lo, hi, off), smem_desc_at(k_lo, hi, off), kk > 0);
+    arch::wgmma_m64n128k16_ss<Element<kBf16>>(sc, arch::smem_desc_at(q_lo, hi, off), arch::smem_desc_at(k_lo, hi, off),
+                                              kk > 0);
   }
-  wgmma_commit();
+  arch::wgmma_commit();
 }
 
 // O += P V over the block's 128 keys: 8 k-steps of 16 keys (2 KiB of V each); the two 64-dim
 // halves of V are the two MN atoms of N = 128 (LBO = 16 KiB apart).
 template <bool kBf16>
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pf)[32], uint32_t v_addr) {
-  const uint32_t v_lo = smem_desc_lo(v_addr, kHalfTileBytes);
-  constexpr uint32_t hi = smem_desc_hi(1024);
+  const uint32_t v_lo = arch::smem_desc_lo(v_addr, kHalfTileBytes);
+  constexpr uint32_t hi = arch::smem_desc_hi(1024);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
-    mma_rs_acc<kBf16>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], smem_desc_at(v_lo, hi, kk * 2048));
+    arch::wgmma_m64n128k16_rs<Element<kBf16>>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3],
+                                              arch::smem_desc_at(v_lo, hi, kk * 2048));
   }
-  wgmma_commit();
+  arch::wgmma_commit();
 }
 
 // Keys at or past lim[h] (columns of this block) are invisible to row h: set to -inf (a select,
@@ -92,7 +88,7 @@ __device__ __forceinline__ void softmax_block(float (&sc)[64], float (&m)[2], fl
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(~0u, mx[h], 2));
     const float m_new = fmaxf(m[h], mx[h] * scale_log2);
     base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at 0
-    alpha[h] = fast_exp2(m[h] - base[h]);
+    alpha[h] = arch::exp2_approx(m[h] - base[h]);
     m[h] = m_new;
   }
   float sum[2] = {0.f, 0.f};
@@ -100,8 +96,8 @@ __device__ __forceinline__ void softmax_block(float (&sc)[64], float (&m)[2], fl
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      sc[4 * j + 2 * h] = fast_exp2(fmaf(sc[4 * j + 2 * h], scale_log2, -base[h]));
-      sc[4 * j + 2 * h + 1] = fast_exp2(fmaf(sc[4 * j + 2 * h + 1], scale_log2, -base[h]));
+      sc[4 * j + 2 * h] = arch::exp2_approx(fmaf(sc[4 * j + 2 * h], scale_log2, -base[h]));
+      sc[4 * j + 2 * h + 1] = arch::exp2_approx(fmaf(sc[4 * j + 2 * h + 1], scale_log2, -base[h]));
       sum[h] += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
     }
   }
@@ -109,13 +105,14 @@ __device__ __forceinline__ void softmax_block(float (&sc)[64], float (&m)[2], fl
   l[1] = l[1] * alpha[1] + sum[1];
 }
 
-// Accumulator layout -> A-operand registers of the PV product (see wgmma.cuh).
+// Accumulator layout -> A-operand registers of the PV product (see arch/sm90_wgmma.cuh).
 template <bool kBf16>
 __device__ __forceinline__ void scores_to_operand(const float (&sc)[64], uint32_t (&pf)[32]) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) pf[4 * kk + r] = pack2<kBf16>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+    for (int r = 0; r < 4; ++r)
+      pf[4 * kk + r] = arch::pack2<Element<kBf16>>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
   }
 }
 
@@ -140,8 +137,8 @@ __device__ __forceinline__ void zero_v_rows(uint8_t* v_stage, int32_t first_row)
     *reinterpret_cast<uint4*>(v_stage + ((c >> 3) & 1) * kHalfTileBytes + row * 128 + (c & 7) * 16) =
         make_uint4(0, 0, 0, 0);
   }
-  fence_generic_to_async();
-  named_barrier_sync(kVTailBarrier, 2 * 128);
+  arch::fence_proxy_async();
+  arch::named_barrier_sync(kVTailBarrier, 2 * 128);
 }
 
 #endif  // MSA_SM90A_DEVICE

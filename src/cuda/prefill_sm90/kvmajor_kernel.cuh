@@ -16,11 +16,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/arch/fast_math.cuh"
 #include "cuda/arch/pdl.cuh"
+#include "cuda/arch/sm80.cuh"
+#include "cuda/arch/sm90.cuh"
+#include "cuda/arch/sm90_wgmma.cuh"
 #include "cuda/prefill_sm90/config.h"
 #include "cuda/prefill_sm90/consumer_math.cuh"
 #include "cuda/prefill_sm90/params.h"
-#include "cuda/prefill_sm90/sync.cuh"
 #include "cuda/prefill_sm90/tile_common.cuh"
 
 namespace msa::detail::cuda::prefill_sm90 {
@@ -87,7 +90,7 @@ __device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem
   const int32_t n_claims = split_from + (n_items - split_from) * subs;
   const int2* pairs = L.pairs + static_cast<int64_t>(p.window) * L.window_tiles * L.list_capacity;
   for (uint32_t item_it = 0;; ++item_it) {
-    if (item_it > 0) barrier_wait(&s.ahead_go, (item_it - 1) & 1);  // warp 0 read the previous hand-over
+    if (item_it > 0) arch::mbarrier_wait(&s.ahead_go, (item_it - 1) & 1);  // warp 0 read the previous hand-over
     // Items without tokens are skipped here, so that every item the consumers see has a Q tile
     // (kv_scan never makes one; the consumers' pipeline relies on it).
     int32_t idx = 0;
@@ -119,22 +122,22 @@ __device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem
     }
     const uint32_t kb = item_it % kKvBlockStages, kph = (item_it / kKvBlockStages) & 1;
     if (lane == 0) {
-      barrier_wait(&s.kv_empty[kb], kph ^ 1);
+      arch::mbarrier_wait(&s.kv_empty[kb], kph ^ 1);
       s.item[kb] = info;
       if (info.item >= 0) {
         const int32_t key0 = (info.block % p.page_blocks) * kBlockKeys;
         const int32_t pc = page >= 0 ? page : 0;  // no page: load page 0, the consumers mask it all
-        barrier_arrive_expect(&s.kv_full[kb], 2 * kTileBytes);
-        tma_load_4d(s.k[kb], &p.k_map, 0, key0, info.kv_head, pc, &s.kv_full[kb]);
-        tma_load_4d(s.k[kb] + kHalfTileBytes, &p.k_map, kHalfDim, key0, info.kv_head, pc, &s.kv_full[kb]);
-        tma_load_4d(s.v[kb], &p.v_map, 0, key0, info.kv_head, pc, &s.kv_full[kb]);
-        tma_load_4d(s.v[kb] + kHalfTileBytes, &p.v_map, kHalfDim, key0, info.kv_head, pc, &s.kv_full[kb]);
+        arch::mbarrier_arrive_expect_tx(&s.kv_full[kb], 2 * kTileBytes);
+        arch::tma_load_4d(s.k[kb], &p.k_map, 0, key0, info.kv_head, pc, &s.kv_full[kb]);
+        arch::tma_load_4d(s.k[kb] + kHalfTileBytes, &p.k_map, kHalfDim, key0, info.kv_head, pc, &s.kv_full[kb]);
+        arch::tma_load_4d(s.v[kb], &p.v_map, 0, key0, info.kv_head, pc, &s.kv_full[kb]);
+        arch::tma_load_4d(s.v[kb] + kHalfTileBytes, &p.v_map, kHalfDim, key0, info.kv_head, pc, &s.kv_full[kb]);
       } else {
-        barrier_arrive(&s.kv_full[kb]);
+        arch::mbarrier_arrive(&s.kv_full[kb]);
       }
     }
     s.ahead[lane] = pr;
-    barrier_arrive(&s.ahead_full);  // each lane after its own writes (32 arrivals)
+    arch::mbarrier_arrive(&s.ahead_full);  // each lane after its own writes (32 arrivals)
     if (info.item < 0) break;
   }
 }
@@ -150,7 +153,7 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
   const int2* pairs = L.pairs + static_cast<int64_t>(p.window) * L.window_tiles * L.list_capacity;
   uint32_t q_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
-    barrier_wait(&s.ahead_full, item_it & 1);
+    arch::mbarrier_wait(&s.ahead_full, item_it & 1);
     const KvItemInfo& rec = s.item[item_it % kKvBlockStages];
     const int32_t item = rec.item, start = rec.start, count = rec.count, kv_head = rec.kv_head;
     // Each token's key limit goes into qinfo, so that the consumers read it instead of computing it:
@@ -173,9 +176,9 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
         pr = make_int2(0, 0);
         if (lane < n) pr = pairs[start + q * tile_tokens + lane];
       }
-      if (q == trigger) barrier_arrive(&s.ahead_go);
+      if (q == trigger) arch::mbarrier_arrive(&s.ahead_go);
       const int32_t my_lim = lane < n ? static_cast<int32_t>(clamp64(pr.x + d, 0, cap)) : 0;
-      if (lane == 0) barrier_wait(&s.q_empty[qs], qph ^ 1);
+      if (lane == 0) arch::mbarrier_wait(&s.q_empty[qs], qph ^ 1);
       for (int32_t j = 0; j < n; ++j) {  // lane 0 writes everything it then releases
         const int32_t token = __shfl_sync(~0u, pr.x, j), entry = __shfl_sync(~0u, pr.y, j);
         const int32_t lim = __shfl_sync(~0u, my_lim, j);
@@ -187,13 +190,13 @@ __device__ __forceinline__ void kv_producer(const KvMajorParams& p, KvMajorSmem&
       }
       if (lane == 0) {
         s.qinfo[qs].count = n;
-        barrier_arrive_expect(&s.q_full[qs], static_cast<uint32_t>(n * 2 * group * 128));
+        arch::mbarrier_arrive_expect_tx(&s.q_full[qs], static_cast<uint32_t>(n * 2 * group * 128));
       }
       __syncwarp();
       if (lane < n) {  // each lane gathers one token's G heads (its two 64-dim halves)
         uint8_t* dst = s.q[qs] + lane * group * 128;
-        tma_load_3d(dst, &p.q_map, 0, kv_head * group, pr.x, &s.q_full[qs]);
-        tma_load_3d(dst + kHalfTileBytes, &p.q_map, kHalfDim, kv_head * group, pr.x, &s.q_full[qs]);
+        arch::tma_load_3d(dst, &p.q_map, 0, kv_head * group, pr.x, &s.q_full[qs]);
+        arch::tma_load_3d(dst + kHalfTileBytes, &p.q_map, kHalfDim, kv_head * group, pr.x, &s.q_full[qs]);
       }
     }
   }
@@ -232,9 +235,9 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   const uint32_t q_off = wg * kWarpgroupRows * 128;
 
   const uint32_t my_turn = kIssueBarrier + wg, other_turn = kIssueBarrier + (wg ^ 1);
-  if (wg == 1) named_barrier_arrive(kIssueBarrier, 2 * 128);
-  auto issue_begin = [&] { named_barrier_sync(my_turn, 2 * 128); };
-  auto issue_end = [&] { named_barrier_arrive(other_turn, 2 * 128); };
+  if (wg == 1) arch::named_barrier_arrive(kIssueBarrier, 2 * 128);
+  auto issue_begin = [&] { arch::named_barrier_sync(my_turn, 2 * 128); };
+  auto issue_end = [&] { arch::named_barrier_arrive(other_turn, 2 * 128); };
 
   // The job stream. A new item: wait for its K/V, zero the V rows that must not enter PV (past
   // kv_len, or all of an invalid page's: 0 * NaN), then its Q tiles one by one.
@@ -245,7 +248,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
       kb = item_it % kKvBlockStages;
       const uint32_t kph = (item_it / kKvBlockStages) & 1;
       ++item_it;
-      barrier_wait(&s.kv_full[kb], kph);
+      arch::mbarrier_wait(&s.kv_full[kb], kph);
       const KvItemInfo info = s.item[kb];
       if (info.item < 0) return false;
       const int32_t first_bad = info.valid ? info.kv_len - info.block * kBlockKeys : 0;  // block * 128 <= kv_len
@@ -254,7 +257,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
     }
     const uint32_t qs = q_it % kKvQStages, qph = (q_it / kKvQStages) & 1;
     ++q_it;
-    barrier_wait(&s.q_full[qs], qph);
+    arch::mbarrier_wait(&s.q_full[qs], qph);
     const int32_t n = s.qinfo[qs].count;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -278,11 +281,11 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   // stmatrix addresses: lane 8i + r writes row r of matrix i = (h = i & 1, column chunk 2q + (i >> 1))
   // of step q, i.e. warp row r + 8h, 16-byte chunk (2q + (i >> 1)) ^ r in the 128B swizzle; chunk bit 0
   // is i >> 1 and bits 1-2 are q's, so the lane's chunk is ((i >> 1) ^ r) ^ 2q.
-  const uint32_t st_row = smem_u32(part_stage) + ((lane & 7) + 8 * ((lane >> 3) & 1)) * 128;
+  const uint32_t st_row = arch::smem_addr(part_stage) + ((lane & 7) + 8 * ((lane >> 3) & 1)) * 128;
   const uint32_t st_chunk = (((lane >> 4) ^ (lane & 7)) << 4);
   auto store_partials = [&](const float (&o)[64], const float (&m)[2], float (&l)[2], const KvJob& jb) {
     if (p.tma_store) {
-      if (lane == 0) bulk_wait_read();
+      if (lane == 0) arch::bulk_wait_read();
       __syncwarp();
     }
     float inv[2];
@@ -290,16 +293,16 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
     for (int h = 0; h < 2; ++h) {
       l[h] += __shfl_xor_sync(~0u, l[h], 1);
       l[h] += __shfl_xor_sync(~0u, l[h], 2);
-      inv[h] = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
+      inv[h] = l[h] > 0.f ? arch::rcp_approx(l[h]) : 0.f;
     }
     if (p.tma_store) {  // 8 stmatrix of 4 matrices (two column chunks x the warp's two 8-row halves)
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         const uint32_t addr = st_row + (q / 4) * (kHalfTileBytes / kConsumerWarpgroups) + (st_chunk ^ (32 * (q % 4)));
-        stmatrix_x4(addr, pack2<kBf16>(o[8 * q] * inv[0], o[8 * q + 1] * inv[0]),
-                    pack2<kBf16>(o[8 * q + 2] * inv[1], o[8 * q + 3] * inv[1]),
-                    pack2<kBf16>(o[8 * q + 4] * inv[0], o[8 * q + 5] * inv[0]),
-                    pack2<kBf16>(o[8 * q + 6] * inv[1], o[8 * q + 7] * inv[1]));
+        arch::stmatrix_x4(addr, arch::pack2<Elem>(o[8 * q] * inv[0], o[8 * q + 1] * inv[0]),
+                          arch::pack2<Elem>(o[8 * q + 2] * inv[1], o[8 * q + 3] * inv[1]),
+                          arch::pack2<Elem>(o[8 * q + 4] * inv[0], o[8 * q + 5] * inv[0]),
+                          arch::pack2<Elem>(o[8 * q + 6] * inv[1], o[8 * q + 7] * inv[1]));
       }
     } else {
 #pragma unroll
@@ -310,11 +313,11 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
 #pragma unroll
         for (int j = 0; j < 16; ++j)
           *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-              pack2<kBf16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+              arch::pack2<Elem>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
       }
     }
     if (p.tma_store) {
-      fence_generic_to_async();
+      arch::fence_proxy_async();
       __syncwarp();
       if (lane == 0) {  // rows 16 warp (+8): lane 0 holds both rows' entries
         const int32_t box_rows = min(group, 16);
@@ -323,10 +326,10 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
           if ((h == 1 && box_rows > 8) || jb.entry[h] < 0) continue;  // G >= 16: one box of 16 rows
           const int32_t row = jb.entry[h] * group + head_in_group[h];
           const uint8_t* src = part_stage + h * 8 * 128;
-          tma_store_2d(&p.part_map, 0, row, src);
-          tma_store_2d(&p.part_map, kHalfDim, row, src + kHalfTileBytes / kConsumerWarpgroups);
+          arch::tma_store_2d(&p.part_map, 0, row, src);
+          arch::tma_store_2d(&p.part_map, kHalfDim, row, src + kHalfTileBytes / kConsumerWarpgroups);
         }
-        bulk_commit();
+        arch::bulk_commit();
       }
     }
     // The lse after the fence above: fence.proxy.async is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC in SASS,
@@ -336,7 +339,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
       for (int h = 0; h < 2; ++h)
         if (jb.entry[h] >= 0)
           part_lse[static_cast<int64_t>(jb.entry[h]) * group + head_in_group[h]] =
-              l[h] > 0.f ? m[h] + fast_log2(l[h]) : -INFINITY;
+              l[h] > 0.f ? m[h] + arch::log2_approx(l[h]) : -INFINITY;
     }
   };
 
@@ -347,12 +350,12 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   float m[2], l[2], alpha[2], prev_m[2], prev_l[2];
 
   issue_begin();
-  wgmma_fence();
-  issue_qk<kBf16>(sc, smem_u32(s.q[cur.qs]) + q_off, smem_u32(s.k[cur.kb]));
+  arch::wgmma_fence();
+  issue_qk<kBf16>(sc, arch::smem_addr(s.q[cur.qs]) + q_off, arch::smem_addr(s.k[cur.kb]));
   issue_end();
-  wgmma_wait<0>();
-  fence_regs(sc);
-  barrier_arrive(&s.q_empty[cur.qs]);  // every consumer thread: the Q tile and its own qinfo reads
+  arch::wgmma_wait<0>();
+  arch::fence_regs(sc);
+  arch::mbarrier_arrive(&s.q_empty[cur.qs]);  // every consumer thread: the Q tile and its own qinfo reads
   m[0] = m[1] = -INFINITY;
   l[0] = l[1] = 0.f;
   mask_scores(sc, cur.lim, t);
@@ -365,22 +368,22 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     issue_begin();
-    wgmma_fence();
-    issue_qk<kBf16>(sc, smem_u32(s.q[cur.qs]) + q_off, smem_u32(s.k[cur.kb]));
-    issue_pv<kBf16>(o, pf, smem_u32(s.v[prev.kb]));
+    arch::wgmma_fence();
+    issue_qk<kBf16>(sc, arch::smem_addr(s.q[cur.qs]) + q_off, arch::smem_addr(s.k[cur.kb]));
+    issue_pv<kBf16>(o, pf, arch::smem_addr(s.v[prev.kb]));
     issue_end();
-    fence_regs(pf);
-    wgmma_wait<1>();
-    fence_regs(sc);
-    barrier_arrive(&s.q_empty[cur.qs]);
+    arch::fence_regs(pf);
+    arch::wgmma_wait<1>();
+    arch::fence_regs(sc);
+    arch::mbarrier_arrive(&s.q_empty[cur.qs]);
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.f;
     mask_scores(sc, cur.lim, t);
     softmax_block(sc, m, l, alpha, p.scale_log2);
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(pf);
-    if (prev.last_of_item) barrier_arrive(&s.kv_empty[prev.kb]);  // every consumer thread, after its last PV
+    arch::wgmma_wait<0>();
+    arch::fence_regs(o);
+    arch::fence_regs(pf);
+    if (prev.last_of_item) arch::mbarrier_arrive(&s.kv_empty[prev.kb]);  // every consumer thread, after its last PV
     store_partials(o, prev_m, prev_l, prev);
     scores_to_operand<kBf16>(sc, pf);
     prev = cur;
@@ -389,15 +392,15 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   issue_begin();
-  wgmma_fence();
-  issue_pv<kBf16>(o, pf, smem_u32(s.v[prev.kb]));
+  arch::wgmma_fence();
+  issue_pv<kBf16>(o, pf, arch::smem_addr(s.v[prev.kb]));
   issue_end();
-  wgmma_wait<0>();
-  fence_regs(o);
-  fence_regs(pf);
-  if (prev.last_of_item) barrier_arrive(&s.kv_empty[prev.kb]);
+  arch::wgmma_wait<0>();
+  arch::fence_regs(o);
+  arch::fence_regs(pf);
+  if (prev.last_of_item) arch::mbarrier_arrive(&s.kv_empty[prev.kb]);
   store_partials(o, prev_m, prev_l, prev);
-  if (p.tma_store && lane == 0) bulk_wait_all();  // the stores read s.part until they complete
+  if (p.tma_store && lane == 0) arch::bulk_wait_all();  // the stores read s.part until they complete
 }
 
 #endif  // MSA_SM90A_DEVICE
@@ -405,32 +408,32 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
 template <bool kBf16>
 __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __grid_constant__ KvMajorParams p) {
 #ifdef MSA_SM90A_DEVICE
-  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
-  allow_dependent_launch();
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+  const uint32_t pad = (1024u - (arch::smem_addr(smem_raw) & 1023u)) & 1023u;
   KvMajorSmem& s = *reinterpret_cast<KvMajorSmem*>(smem_raw + pad);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kKvQStages; ++i) {
-      barrier_init(&s.q_full[i], 1);
-      barrier_init(&s.q_empty[i], kConsumerThreads);
+      arch::mbarrier_init(&s.q_full[i], 1);
+      arch::mbarrier_init(&s.q_empty[i], kConsumerThreads);
     }
     for (int i = 0; i < kKvBlockStages; ++i) {
-      barrier_init(&s.kv_full[i], 1);
-      barrier_init(&s.kv_empty[i], kConsumerThreads);
+      arch::mbarrier_init(&s.kv_full[i], 1);
+      arch::mbarrier_init(&s.kv_empty[i], kConsumerThreads);
     }
-    barrier_init(&s.ahead_full, 32);
-    barrier_init(&s.ahead_go, 32);
-    barrier_init_fence();
+    arch::mbarrier_init(&s.ahead_full, 32);
+    arch::mbarrier_init(&s.ahead_go, 32);
+    arch::fence_mbarrier_init();
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    regs_decrease<kProducerRegs>();
+    arch::regs_decrease<kProducerRegs>();
     if (threadIdx.x < 32) kv_producer(p, s);
     else if (threadIdx.x < 64) kv_scheduler(p, s);
   } else {
-    regs_increase<kConsumerRegs>();
+    arch::regs_increase<kConsumerRegs>();
     kv_consumer<kBf16>(p, s, wg - 1);
   }
 #endif

@@ -1,10 +1,10 @@
 // Template definitions behind launch.h for the KV-major kernel; included once per dtype.
 #pragma once
 
-#include "cuda/runtime/check.cuh"
-#include "cuda/arch/pdl.cuh"
 #include "cuda/prefill_sm90/kvmajor_kernel.cuh"
 #include "cuda/prefill_sm90/launch.h"
+#include "cuda/runtime/check.cuh"
+#include "cuda/runtime/launch.cuh"
 
 namespace msa::detail::cuda::prefill_sm90 {
 

@@ -7,13 +7,15 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/runtime/check.cuh"
+#include "cuda/arch/fast_math.cuh"
 #include "cuda/arch/pdl.cuh"
+#include "cuda/arch/sm80.cuh"
 #include "cuda/prefill_sm90/config.h"
 #include "cuda/prefill_sm90/consumer_math.cuh"
 #include "cuda/prefill_sm90/kvmajor_lists.h"
-#include "cuda/prefill_sm90/sync.cuh"
 #include "cuda/prefill_sm90/tile_common.cuh"
+#include "cuda/runtime/check.cuh"
+#include "cuda/runtime/launch.cuh"
 
 namespace msa::detail::cuda::prefill_sm90 {
 
@@ -61,8 +63,8 @@ __device__ __forceinline__ void rank_tile(const KvListParams& p, int32_t tile) {
 }
 
 __global__ void __launch_bounds__(kEntryThreads) kv_rank_kernel(KvListParams p) {
-  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
-  allow_dependent_launch();
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::allow_dependent_launch();
   for (int32_t tile = blockIdx.x; tile < p.sched.num_tiles; tile += gridDim.x) {
     if (kv_major_tile(p, tile)) rank_tile(p, tile);
   }
@@ -159,8 +161,8 @@ __global__ void __launch_bounds__(kScanThreads, 1) kv_scan_kernel(KvListParams p
   __shared__ int4 stage_head[kScanStage];  // request, kv_head, block, start
   __shared__ int32_t stage_count[kScanStage];
   __shared__ int32_t cum_shared[kScanCumShared];
-  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
-  allow_dependent_launch();
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::allow_dependent_launch();
   const KvLists& L = p.lists;
   const int32_t window = blockIdx.x;
   const int32_t batch = p.seqs.batch_size;
@@ -301,8 +303,8 @@ __device__ __forceinline__ void fill_tile(const KvListParams& p, int32_t tile) {
 }
 
 __global__ void __launch_bounds__(kEntryThreads) kv_fill_kernel(KvListParams p) {
-  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
-  allow_dependent_launch();
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::allow_dependent_launch();
   for (int32_t tile = blockIdx.x; tile < p.sched.num_tiles; tile += gridDim.x) {
     if (kv_major_tile(p, tile)) fill_tile(p, tile);
   }
@@ -349,7 +351,6 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
   const TileCoord c = decode_tile(p.sched, p.seqs.batch_size, tile);
   const SeqView v = load_seq(p.seqs, c.request);
   const int32_t group = 1 << p.group_shift;
-  constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
   const int lane = threadIdx.x & 31, half = lane >> 4, sub = lane & 15;
   const int64_t slot_stride = static_cast<int64_t>(group) * kHeadDim;
   const int32_t topk = L.topk;
@@ -383,7 +384,7 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
     for (int d = 8; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, d));
     const float base = mx == -INFINITY ? 0.f : mx;
 #pragma unroll
-    for (int q = 0; q < kPasses; ++q) w[q] = fast_exp2(w[q] - base);  // -inf -> 0
+    for (int q = 0; q < kPasses; ++q) w[q] = arch::exp2_approx(w[q] - base);  // -inf -> 0
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     float wsum = 0.f;
 #pragma unroll
@@ -431,8 +432,8 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
     const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head;
     // o's strides are multiples of 8 elements and its pointer 16-byte aligned (sm90 supports()).
     *reinterpret_cast<uint4*>(static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head + 8 * sub) =
-        make_uint4(pack2<kBf16>(acc[0] * inv, acc[1] * inv), pack2<kBf16>(acc[2] * inv, acc[3] * inv),
-                   pack2<kBf16>(acc[4] * inv, acc[5] * inv), pack2<kBf16>(acc[6] * inv, acc[7] * inv));
+        make_uint4(arch::pack2<Elem>(acc[0] * inv, acc[1] * inv), arch::pack2<Elem>(acc[2] * inv, acc[3] * inv),
+                   arch::pack2<Elem>(acc[4] * inv, acc[5] * inv), arch::pack2<Elem>(acc[6] * inv, acc[7] * inv));
     if (p.lse != nullptr && sub == 0)
       p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
           wsum > 0.f ? (base + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
@@ -445,8 +446,8 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
 // unbounded, i.e. 1 CTA per SM).
 template <typename Elem>
 __global__ void __launch_bounds__(kMergeThreads, 2) kv_merge_kernel(KvMergeParams p) {
-  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
-  allow_dependent_launch();
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::allow_dependent_launch();
   if (p.lists.window_kv_tiles[p.window] == 0) return;
   merge_tile<Elem>(p, blockIdx.x);
 }

@@ -24,12 +24,15 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/arch/fast_math.cuh"
 #include "cuda/arch/pdl.cuh"
+#include "cuda/arch/sm80.cuh"
+#include "cuda/arch/sm90.cuh"
+#include "cuda/arch/sm90_wgmma.cuh"
 #include "cuda/prefill_sm90/config.h"
 #include "cuda/prefill_sm90/consumer_math.cuh"
 #include "cuda/prefill_sm90/params.h"
 #include "cuda/prefill_sm90/qmajor_trace.cuh"
-#include "cuda/prefill_sm90/sync.cuh"
 #include "cuda/prefill_sm90/tile_common.cuh"
 
 namespace msa::detail::cuda::prefill_sm90 {
@@ -110,7 +113,7 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
   // when claimed from the list).
   const int32_t listed_count = kSparse && p.lists.qm_tiles != nullptr ? *p.lists.qm_count : live;
   for (uint32_t q_it = 0;; ++q_it) {
-    if (q_it > 0) barrier_wait(&s.ahead_go, (q_it - 1) & 1);  // warp 0 read the previous hand-over
+    if (q_it > 0) arch::mbarrier_wait(&s.ahead_go, (q_it - 1) & 1);  // warp 0 read the previous hand-over
     TileInfo ti{};
     ti.tile = -1;
     AheadEntry e{0, -1, 0u};
@@ -144,20 +147,20 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
     }
     if (lane == 0) {  // the record and the Q of buffer q_it % kQStages, before the page reads below
       const uint32_t qb = q_it % kQStages, qph = (q_it / kQStages) & 1;
-      barrier_wait(&s.q_empty[qb], qph ^ 1);
+      arch::mbarrier_wait(&s.q_empty[qb], qph ^ 1);
       s.tile[qb] = ti;
       if (ti.tile >= 0 && ti.nblocks > 0) {
         const int32_t tok0 = ti.qo_start + ti.chunk * tile_tokens;
-        barrier_arrive_expect(&s.q_full[qb], kTileBytes);
-        tma_load_3d(s.q[qb], &p.q_map, 0, ti.kv_head * group, tok0, &s.q_full[qb]);
-        tma_load_3d(s.q[qb] + kHalfTileBytes, &p.q_map, kHalfDim, ti.kv_head * group, tok0, &s.q_full[qb]);
+        arch::mbarrier_arrive_expect_tx(&s.q_full[qb], kTileBytes);
+        arch::tma_load_3d(s.q[qb], &p.q_map, 0, ti.kv_head * group, tok0, &s.q_full[qb]);
+        arch::tma_load_3d(s.q[qb] + kHalfTileBytes, &p.q_map, kHalfDim, ti.kv_head * group, tok0, &s.q_full[qb]);
       } else {
-        barrier_arrive(&s.q_full[qb]);
+        arch::mbarrier_arrive(&s.q_full[qb]);
       }
     }
     if (ti.tile >= 0 && lane < ti.nblocks) e.page = physical_page(p.pages, ti.request, e.block / p.page_blocks);
     s.ahead[lane] = e;
-    barrier_arrive(&s.ahead_full);  // each lane after its own writes (32 arrivals)
+    arch::mbarrier_arrive(&s.ahead_full);  // each lane after its own writes (32 arrivals)
     if (ti.tile < 0) break;
   }
 }
@@ -169,15 +172,15 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
 __device__ __forceinline__ void qmajor_prewait_prefetch(const QMajorParams& p, int lane) {
   const SeqParams& q = p.seqs;
   if (lane * 32 <= q.batch_size && lane < 4) {
-    prefetch_l2(q.qo_indptr + lane * 32);
+    arch::prefetch_l2(q.qo_indptr + lane * 32);
     if (lane * 32 < q.batch_size) {
-      prefetch_l2(q.kv_lens + lane * 32);
-      if (q.qo_offset) prefetch_l2(q.qo_offset + lane * 32);
+      arch::prefetch_l2(q.kv_lens + lane * 32);
+      if (q.qo_offset) arch::prefetch_l2(q.qo_offset + lane * 32);
     }
-    if (p.pages.indptr) prefetch_l2(p.pages.indptr + lane * 32);
+    if (p.pages.indptr) arch::prefetch_l2(p.pages.indptr + lane * 32);
   }
   const int64_t entries = p.pages.indptr ? p.pages.row_capacity : min(p.pages.row_capacity, p.pages.row_stride);
-  if (static_cast<int64_t>(lane) * 32 < entries) prefetch_l2(p.pages.table + lane * 32);
+  if (static_cast<int64_t>(lane) * 32 < entries) arch::prefetch_l2(p.pages.table + lane * 32);
 }
 
 // K/V loads (warp 0 of the producer warpgroup). Lane 0 issues everything; the warp resolves 32 blocks'
@@ -188,14 +191,14 @@ __device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSme
   if (lane == 0) tma_prefetch_qkv_maps(p);
   uint32_t it = 0;  // blocks issued so far
   for (uint32_t q_it = 0;; ++q_it) {
-    barrier_wait(&s.ahead_full, q_it & 1);
+    arch::mbarrier_wait(&s.ahead_full, q_it & 1);
     const TileInfo& rec = s.tile[q_it % kQStages];
     const int32_t tile = rec.tile, nblocks = rec.nblocks, request = rec.request, kv_head = rec.kv_head;
     const AheadEntry first = s.ahead[lane];
     if (tile < 0) break;
     // Each lane's arrival on ahead_go lets the scheduler overwrite the hand-over (read above).
     const int32_t trigger = max(nblocks - kTileLookaheadBlocks, 0);
-    if (nblocks == 0) barrier_arrive(&s.ahead_go);
+    if (nblocks == 0) arch::mbarrier_arrive(&s.ahead_go);
     for (int32_t i0 = 0; i0 < nblocks; i0 += 32) {
       int32_t block = first.block, page = first.page;
       uint32_t tokens = first.tokens;
@@ -222,24 +225,24 @@ __device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSme
         const int32_t pc = pg >= 0 ? pg : 0;  // no page: load page 0, the consumers mask it all
         if (lane == 0) {
           const uint32_t st = it % kStages, ph = (it / kStages) & 1;
-          barrier_wait(&s.k_empty[st], ph ^ 1);
+          arch::mbarrier_wait(&s.k_empty[st], ph ^ 1);
           s.stage[st] = StageInfo{blk, tok, pg >= 0, 0};
-          barrier_arrive_expect(&s.k_full[st], kTileBytes);
-          tma_load_4d(s.k[st], &p.k_map, 0, key0, kv_head, pc, &s.k_full[st]);
-          tma_load_4d(s.k[st] + kHalfTileBytes, &p.k_map, kHalfDim, key0, kv_head, pc, &s.k_full[st]);
+          arch::mbarrier_arrive_expect_tx(&s.k_full[st], kTileBytes);
+          arch::tma_load_4d(s.k[st], &p.k_map, 0, key0, kv_head, pc, &s.k_full[st]);
+          arch::tma_load_4d(s.k[st] + kHalfTileBytes, &p.k_map, kHalfDim, key0, kv_head, pc, &s.k_full[st]);
         }
         // Every lane arrives (32 arrivals) after its own read of the hand-over, as the consumers release
         // their buffers: compute-sanitizer's racecheck sees the order (one lane's arrival after a
         // __syncwarp was reported as a race, though the shuffles above had consumed every lane's read).
-        if (i0 + j == trigger) barrier_arrive(&s.ahead_go);
+        if (i0 + j == trigger) arch::mbarrier_arrive(&s.ahead_go);
         if (lane == 0) {
           const uint32_t vs = it % kVStages, vph = (it / kVStages) & 1;
           // V block j's stage frees when PV(j - 2) completes, which the consumers reach before they wait
           // for K(j): this wait never holds back a K the consumers need.
-          barrier_wait(&s.v_empty[vs], vph ^ 1);
-          barrier_arrive_expect(&s.v_full[vs], kTileBytes);
-          tma_load_4d(s.v[vs], &p.v_map, 0, key0, kv_head, pc, &s.v_full[vs]);
-          tma_load_4d(s.v[vs] + kHalfTileBytes, &p.v_map, kHalfDim, key0, kv_head, pc, &s.v_full[vs]);
+          arch::mbarrier_wait(&s.v_empty[vs], vph ^ 1);
+          arch::mbarrier_arrive_expect_tx(&s.v_full[vs], kTileBytes);
+          arch::tma_load_4d(s.v[vs], &p.v_map, 0, key0, kv_head, pc, &s.v_full[vs]);
+          arch::tma_load_4d(s.v[vs] + kHalfTileBytes, &p.v_map, kHalfDim, key0, kv_head, pc, &s.v_full[vs]);
         }
       }
     }
@@ -261,8 +264,8 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
     tok_in_tile[h] = row >> p.group_shift;
     head_in_group[h] = row & (group - 1);
   }
-  const uint32_t k_base = smem_u32(s.k[0]);
-  const uint32_t v_base = smem_u32(s.v[0]);
+  const uint32_t k_base = arch::smem_addr(s.k[0]);
+  const uint32_t v_base = arch::smem_addr(s.v[0]);
   uint32_t it = 0, q_it = 0;  // blocks and tiles taken so far (the producer's order)
 
   // Ping-pong (FlashAttention-3): the two consumer warpgroups take turns issuing their wgmma batches,
@@ -271,17 +274,17 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
   // then arrives on the other's; warpgroup 1 pre-arrives once so that warpgroup 0 starts. Both
   // warpgroups walk the same tiles and blocks, so their issue sections pair up one to one.
   const uint32_t my_turn = kIssueBarrier + wg, other_turn = kIssueBarrier + (wg ^ 1);
-  if (wg == 1) named_barrier_arrive(kIssueBarrier, 2 * 128);
-  auto issue_begin = [&] { named_barrier_sync(my_turn, 2 * 128); };
-  auto issue_end = [&] { named_barrier_arrive(other_turn, 2 * 128); };
+  if (wg == 1) arch::named_barrier_arrive(kIssueBarrier, 2 * 128);
+  auto issue_begin = [&] { arch::named_barrier_sync(my_turn, 2 * 128); };
+  auto issue_end = [&] { arch::named_barrier_arrive(other_turn, 2 * 128); };
 
   // The record of tile q_it (its Q is in buffer q_it % kQStages once q_full completes, if it has blocks).
   auto fetch = [&] {
-    barrier_wait(&s.q_full[q_it % kQStages], (q_it / kQStages) & 1);
+    arch::mbarrier_wait(&s.q_full[q_it % kQStages], (q_it / kQStages) & 1);
     return s.tile[q_it % kQStages];
   };
-  auto release_q = [&] { barrier_arrive(&s.q_empty[q_it % kQStages]); };
-  auto q_addr_of = [&] { return smem_u32(s.q[q_it % kQStages]) + wg * kWarpgroupRows * 128; };
+  auto release_q = [&] { arch::mbarrier_arrive(&s.q_empty[q_it % kQStages]); };
+  auto q_addr_of = [&] { return arch::smem_addr(s.q[q_it % kQStages]) + wg * kWarpgroupRows * 128; };
   struct Rows {
     int32_t qi[2], kv_end[2];
   };
@@ -320,26 +323,26 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
   // warpgroup's issue turn; returns with the scores complete and the PV in flight.
   auto issue_qk_pv = [&](uint32_t q_addr, uint32_t st, uint32_t vs) {
     issue_begin();
-    wgmma_fence();
+    arch::wgmma_fence();
     issue_qk<kBf16>(sc, q_addr, k_base + st * kTileBytes);
     issue_pv<kBf16>(o, pf, v_base + vs * kTileBytes);
     issue_end();
-    fence_regs(pf);
-    wgmma_wait<1>();
-    fence_regs(sc);
+    arch::fence_regs(pf);
+    arch::wgmma_wait<1>();
+    arch::fence_regs(sc);
   };
   // After issue_qk_pv: K stage st released, the scores masked and taken into the softmax state (m, l,
   // alpha) while the PV runs, then the PV's completion and V stage vs released.
   auto softmax_under_pv = [&](const Rows& rw, const StageInfo& si, uint32_t st, uint32_t vs, float (&mm)[2],
                               float (&ll)[2], float (&aa)[2]) {
-    barrier_arrive(&s.k_empty[st]);
+    arch::mbarrier_arrive(&s.k_empty[st]);
     limits(rw, si, lim);
     mask_scores(sc, lim, t);
     softmax_block(sc, mm, ll, aa, p.scale_log2);
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(pf);
-    barrier_arrive(&s.v_empty[vs]);
+    arch::wgmma_wait<0>();
+    arch::fence_regs(o);
+    arch::fence_regs(pf);
+    arch::mbarrier_arrive(&s.v_empty[vs]);
   };
   // Epilogue of a tile: o = O / l (0 when nothing is visible), lse = ln(sum exp(s)) (-inf when nothing is).
   auto epilogue = [&](const TileInfo& ti, const Rows& rw) {
@@ -350,16 +353,17 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       if (rw.qi[h] >= ti.qo_len) continue;
       const int64_t tok = static_cast<int64_t>(ti.qo_start) + rw.qi[h];
       const int64_t head = static_cast<int64_t>(ti.kv_head) * group + head_in_group[h];
-      // l >= 1 when a key is visible (the row max weighs 1): the SFU's 1/l and log2 (sync.cuh), not the
+      // l >= 1 when a key is visible (the row max weighs 1): the SFU's 1/l and log2 (arch/fast_math.cuh), not the
       // IEEE division's slow-path call, on the path from a tile's last PV to the next tile.
-      const float inv = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
+      const float inv = l[h] > 0.f ? arch::rcp_approx(l[h]) : 0.f;
       Elem* dst = static_cast<Elem*>(p.o) + tok * p.o_stride_token + head * p.o_stride_head + 2 * t;
 #pragma unroll
       for (int j = 0; j < 16; ++j)
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+            arch::pack2<Elem>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
       if (p.lse != nullptr && t == 0)
         p.lse[tok * p.lse_stride_token + head * p.lse_stride_head] =
-            l[h] > 0.f ? (m[h] + fast_log2(l[h])) * 0.69314718055994531f : -INFINITY;
+            l[h] > 0.f ? (m[h] + arch::log2_approx(l[h])) * 0.69314718055994531f : -INFINITY;
     }
   };
   auto reset = [&] {
@@ -390,18 +394,18 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
     if (!started) {  // the tile's first QK^T alone
       reset();
       const uint32_t st = it % kStages, ph = (it / kStages) & 1;
-      barrier_wait(&s.k_full[st], ph);
+      arch::mbarrier_wait(&s.k_full[st], ph);
       if (q_it == 0) MSA_QTRACE(mark(3));
       prev = s.stage[st];
       issue_begin();
-      wgmma_fence();
+      arch::wgmma_fence();
       issue_qk<kBf16>(sc, q_addr, k_base + st * kTileBytes);
       issue_end();
       MSA_QTRACE(issued(q_it));
-      wgmma_wait<0>();
-      fence_regs(sc);
+      arch::wgmma_wait<0>();
+      arch::fence_regs(sc);
       if (ti.nblocks == 1) release_q();
-      barrier_arrive(&s.k_empty[st]);
+      arch::mbarrier_arrive(&s.k_empty[st]);
       limits(rw, prev, lim);
       mask_scores(sc, lim, t);
       softmax_block(sc, m, l, alpha, p.scale_log2);
@@ -410,11 +414,11 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
     for (int32_t i = 1; i < ti.nblocks; ++i) {
       const uint32_t st = (it + i) % kStages, ph = ((it + i) / kStages) & 1;
       const uint32_t pvs = (it + i - 1) % kVStages, pvph = ((it + i - 1) / kVStages) & 1;
-      barrier_wait(&s.k_full[st], ph);
+      arch::mbarrier_wait(&s.k_full[st], ph);
       const StageInfo cur = s.stage[st];
       // V of the previous block was loaded before this K: waiting here costs nothing, and keeps the
       // tail fix (a barrier of both warpgroups) outside the issue sections.
-      barrier_wait(&s.v_full[pvs], pvph);
+      arch::mbarrier_wait(&s.v_full[pvs], pvph);
       fix_v(ti, prev, pvs);
       issue_qk_pv(q_addr, st, pvs);
       if (i == ti.nblocks - 1) release_q();
@@ -429,13 +433,13 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
     it += ti.nblocks;
     ++q_it;
     const TileInfo nx = fetch();
-    barrier_wait(&s.v_full[lvs], lvph);
+    arch::mbarrier_wait(&s.v_full[lvs], lvph);
     fix_v(ti, prev, lvs);
     if (nx.tile >= 0 && nx.nblocks > 0) {
       // The next tile's first QK^T with this tile's last PV; its softmax (fresh state) while the PV runs.
       const Rows nrw = rows_of(nx);
       const uint32_t st = it % kStages, ph = (it / kStages) & 1;
-      barrier_wait(&s.k_full[st], ph);
+      arch::mbarrier_wait(&s.k_full[st], ph);
       const StageInfo cur = s.stage[st];
       issue_qk_pv(q_addr_of(), st, lvs);
       MSA_QTRACE(issued(q_it));
@@ -452,13 +456,13 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       started = true;
     } else {
       issue_begin();
-      wgmma_fence();
+      arch::wgmma_fence();
       issue_pv<kBf16>(o, pf, v_base + lvs * kTileBytes);
       issue_end();
-      wgmma_wait<0>();
-      fence_regs(o);
-      fence_regs(pf);
-      barrier_arrive(&s.v_empty[lvs]);
+      arch::wgmma_wait<0>();
+      arch::fence_regs(o);
+      arch::fence_regs(pf);
+      arch::mbarrier_arrive(&s.v_empty[lvs]);
       epilogue(ti, rw);
       MSA_QTRACE(done(q_it - 1));
       started = false;
@@ -475,37 +479,37 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
   MSA_QTRACE_DECL;
   MSA_QTRACE(begin());
   if (threadIdx.x / 32 == 1) qmajor_prewait_prefetch(p, threadIdx.x & 31);
-  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
   MSA_QTRACE(mark(1));
-  allow_dependent_launch();
+  arch::allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+  const uint32_t pad = (1024u - (arch::smem_addr(smem_raw) & 1023u)) & 1023u;
   QMajorSmem& s = *reinterpret_cast<QMajorSmem*>(smem_raw + pad);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kQStages; ++i) {
-      barrier_init(&s.q_full[i], 1);
-      barrier_init(&s.q_empty[i], kConsumerThreads);
+      arch::mbarrier_init(&s.q_full[i], 1);
+      arch::mbarrier_init(&s.q_empty[i], kConsumerThreads);
     }
     for (int i = 0; i < kStages; ++i) {
-      barrier_init(&s.k_full[i], 1);
-      barrier_init(&s.k_empty[i], kConsumerThreads);
+      arch::mbarrier_init(&s.k_full[i], 1);
+      arch::mbarrier_init(&s.k_empty[i], kConsumerThreads);
     }
     for (int i = 0; i < kVStages; ++i) {
-      barrier_init(&s.v_full[i], 1);
-      barrier_init(&s.v_empty[i], kConsumerThreads);
+      arch::mbarrier_init(&s.v_full[i], 1);
+      arch::mbarrier_init(&s.v_empty[i], kConsumerThreads);
     }
-    barrier_init(&s.ahead_full, 32);
-    barrier_init(&s.ahead_go, 32);
-    barrier_init_fence();
+    arch::mbarrier_init(&s.ahead_full, 32);
+    arch::mbarrier_init(&s.ahead_go, 32);
+    arch::fence_mbarrier_init();
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    regs_decrease<kProducerRegs>();
+    arch::regs_decrease<kProducerRegs>();
     if (threadIdx.x < 32) qmajor_producer<kSparse>(p, s);
     else if (threadIdx.x < 64) qmajor_scheduler<kSparse>(p, s);
   } else {
-    regs_increase<kConsumerRegs>();
+    arch::regs_increase<kConsumerRegs>();
     qmajor_consumer<kBf16, kSparse>(p, s, wg - 1 MSA_QTRACE_ARG);
     MSA_QTRACE(end());
   }

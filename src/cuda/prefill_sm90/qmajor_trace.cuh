@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "cuda/arch/special_registers.cuh"
+
 namespace msa::detail::cuda::prefill_sm90 {
 
 struct QMajorTrace {
@@ -27,11 +29,7 @@ struct QMajorTrace {
   static constexpr int kMaxCtas = 1024;
   uint64_t t[kMarks];
   int tiles;
-  __device__ __forceinline__ static uint64_t now() {
-    uint64_t ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    return ns;
-  }
+  __device__ __forceinline__ static uint64_t now() { return arch::globaltimer_ns(); }
   __device__ __forceinline__ void begin() {
 #pragma unroll
     for (int i = 0; i < kMarks; ++i) t[i] = 0;
@@ -67,7 +65,7 @@ __device__ __forceinline__ void QMajorTrace::end() {
   QMajorTraceRow& r = g_qmajor_trace_rows[blockIdx.x];
 #pragma unroll
   for (int i = 0; i < kMarks; ++i) r.t[i] = t[i];
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(r.sm));
+  r.sm = arch::sm_id();
   r.tiles = tiles;
 }
 

@@ -6,9 +6,19 @@
 #include <cstdint>
 
 #include "core/params.h"
+#include "cuda/arch/sm90.cuh"
 #include "cuda/prefill_sm90/params.h"
 
 namespace msa::detail::cuda::prefill_sm90 {
+
+// The Q, K and V descriptors of a kernel's params into the descriptor cache (both prefill kernels load
+// through these three).
+template <class Params>
+__device__ __forceinline__ void tma_prefetch_qkv_maps(const Params& p) {
+  arch::tma_prefetch_descriptor(&p.q_map);
+  arch::tma_prefetch_descriptor(&p.k_map);
+  arch::tma_prefetch_descriptor(&p.v_map);
+}
 
 __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 

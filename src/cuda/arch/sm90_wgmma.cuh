@@ -1,33 +1,38 @@
-// Warpgroup MMA (wgmma, sm_90a) for the prefill kernels: shared-memory matrix descriptors and the
-// two m64n128k16 forms used (fp32 accumulators). CCCL has no wrapper for wgmma, so this is inline PTX.
+// Warpgroup MMA (wgmma, sm_90a): shared-memory matrix descriptors, the fence / commit / wait of the
+// asynchronous window, and the two m64n128k16 forms used (fp32 accumulators). CCCL has no wrapper for
+// wgmma, so this is inline PTX.
 //
-//   S = Q K^T : A = Q (smem, K-major), B = K block (smem, K-major)         -> mma_ss
-//   O += P V  : A = P (registers, bf16/fp16), B = V block (smem, MN-major) -> mma_rs (B transposed)
+//   wgmma_m64n128k16_ss: A and B in shared memory, both K-major        (S = Q K^T: prefill, indexer)
+//   wgmma_m64n128k16_rs: A in registers, B in shared memory, MN-major  (O += P V: prefill)
 //
-// Both operands in shared memory use the 128-byte swizzle that TMA writes (CU_TENSOR_MAP_SWIZZLE_128B):
-// rows of 128 B (64 elements), 16-byte chunk c of row r stored at chunk c ^ (r % 8), atoms of 8 rows
-// = 1024 B, every tile 1024-byte aligned (descriptor base offset 0).
+// Operands in shared memory use the 128-byte swizzle that TMA writes (CU_TENSOR_MAP_SWIZZLE_128B): rows
+// of 128 B (64 elements), 16-byte chunk c of row r stored at chunk c ^ (r % 8), atoms of 8 rows =
+// 1024 B, every tile 1024-byte aligned (descriptor base offset 0).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
-namespace msa::detail::cuda::prefill_sm90 {
+namespace msa::detail::cuda::arch {
 
-// Matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address >> 4 in bits 0-13,
-// leading byte offset >> 4 in bits 16-29, stride byte offset >> 4 in bits 32-45, swizzle mode in
-// bits 62-63 (1 = 128B).
-//  K-major, 128B swizzle: SBO = 1024 (next 8 rows); LBO unused (1). Moving 16 elements along K
-//    inside the 64-element atom adds 32 B to the start address (the swizzle is applied to the
-//    address bits, which is why tiles are 1024-aligned).
-//  MN-major, 128B swizzle: LBO = distance between 64-element atoms along MN, SBO = 1024 (next
-//    8 rows along K).
+// Matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address >> 4 in bits 0-13, leading
+// byte offset >> 4 in bits 16-29, stride byte offset >> 4 in bits 32-45, swizzle mode in bits 62-63
+// (1 = 128B).
+//  K-major, 128B swizzle: SBO = 1024 (next 8 rows); LBO unused (1). Moving 16 elements along K inside
+//    the 64-element atom adds 32 B to the start address (the swizzle is applied to the address bits,
+//    which is why tiles are 1024-aligned).
+//  MN-major, 128B swizzle: LBO = distance between 64-element atoms along MN, SBO = 1024 (next 8 rows
+//    along K).
 // Kept as two 32-bit words for a loop of k-steps over one tile: the low word (start address, LBO) is
 // formed once per tile and a k-step adds its byte offset >> 4 to it, as CUTLASS's descriptor iterator
 // does; the high word (SBO, swizzle) is a constant. The start-address field cannot carry into the LBO
 // field: shared addresses stay below 228 KiB, so (address + offset) >> 4 < 2^14. Rebuilt whole per
-// k-step (before 6327d4c), each of the two 64-bit descriptors of an HGMMA cost ~6 instructions (AND,
-// shift, OR, moves to uniform registers: ~13 per HGMMA in the KV-major kernel's SASS, ~100 per consumer
-// warp and job of its ~1250 under ncu).
+// k-step, each of the two 64-bit descriptors of an HGMMA cost ~6 instructions (AND, shift, OR, moves to
+// uniform registers: ~13 per HGMMA in the KV-major prefill kernel's SASS, ~100 per consumer warp and job
+// of its ~1250 under ncu).
 __device__ __forceinline__ uint32_t smem_desc_lo(uint32_t smem_addr, uint32_t lbo_bytes) {
   return ((smem_addr & 0x3FFFF) >> 4) | (((lbo_bytes >> 4) & 0x3FFF) << 16);
 }
@@ -37,16 +42,22 @@ __device__ __forceinline__ constexpr uint32_t smem_desc_hi(uint32_t sbo_bytes) {
 __device__ __forceinline__ uint64_t smem_desc_at(uint32_t lo, uint32_t hi, uint32_t offset_bytes) {
   return (static_cast<uint64_t>(hi) << 32) | (lo + (offset_bytes >> 4));
 }
+// The whole descriptor of a K-major, 128B-swizzled tile at addr (LBO 16, SBO 1024), for code that adds
+// its k-step offsets (>> 4) to the 64-bit value.
+__device__ __forceinline__ uint64_t smem_desc_kmajor_sw128(uint32_t addr) {
+  return smem_desc_at(smem_desc_lo(addr, 16), smem_desc_hi(1024), 0);
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N of the warpgroup's committed wgmma groups are pending.
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// Keeps the compiler from moving reads or writes of accumulator registers across a wgmma
-// fence / wait (the hardware writes them asynchronously).
+// Keeps the compiler from moving reads or writes of accumulator / operand registers across a wgmma
+// fence or wait (the hardware reads and writes them asynchronously).
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
@@ -80,17 +91,19 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 // The A fragment of k-step kk (columns 16kk..16kk+15) is then {d[8kk..8kk+1], d[8kk+2..+3],
 // d[8kk+4..+5], d[8kk+6..+7]} packed in pairs: rows g / g+8 at k 2t, then at k 8+2t.
 
-// D (+)= A B with A and B in shared memory, both K-major. accumulate = false overwrites D.
-template <bool kBf16>
-__device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+// D (+)= A B, T = __nv_bfloat16 or __half, A and B in shared memory, both K-major. accumulate = false
+// overwrites D.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   const uint32_t scale_d = accumulate ? 1u : 0u;
-  if constexpr (kBf16) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MSA_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
         : MSA_WGMMA_D64_OPERANDS(d)
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
   } else {
+    static_assert(std::is_same_v<T, __half>);
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MSA_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
@@ -101,16 +114,17 @@ __device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t desc_a, uint64_t
 
 // D += A B with A (4 registers of packed pairs, layout above) and B in shared memory, MN-major
 // (imm-trans-b = 1).
-template <bool kBf16>
-__device__ __forceinline__ void mma_rs_acc(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint64_t desc_b) {
-  if constexpr (kBf16) {
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                    uint32_t a3, uint64_t desc_b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MSA_WGMMA_D64
         ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
         : MSA_WGMMA_D64_OPERANDS(d)
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
   } else {
+    static_assert(std::is_same_v<T, __half>);
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MSA_WGMMA_D64
         ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
@@ -122,4 +136,4 @@ __device__ __forceinline__ void mma_rs_acc(float (&d)[64], uint32_t a0, uint32_t
 #undef MSA_WGMMA_D64
 #undef MSA_WGMMA_D64_OPERANDS
 
-}  // namespace msa::detail::cuda::prefill_sm90
+}  // namespace msa::detail::cuda::arch

@@ -1,0 +1,67 @@
+// Loads and stores the compiler would not emit as wanted from C++: shared memory addressed by 32-bit
+// shared-window addresses, volatile shared-memory words, and 16-byte global loads with cache hints
+// (every architecture the library builds for, sm_80+).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace msa::detail::cuda::arch {
+
+// The 32-bit shared-window address of a pointer into shared memory. The kernels keep shared operands
+// in this form: half the registers of generic pointers, and base + immediate addressing in unrolled
+// loops.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+}
+// 16 zero bytes at a shared-memory address.
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
+}
+
+// Shared-memory words another warp polls (volatile: every access goes to memory, in program order).
+__device__ __forceinline__ void st_volatile_shared(int64_t* p, int64_t v) {
+  asm volatile("st.volatile.shared.s64 [%0], %1;" ::"r"(smem_addr(p)), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_volatile_shared(uint32_t* p, uint32_t v) {
+  asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(smem_addr(p)), "r"(v) : "memory");
+}
+__device__ __forceinline__ int64_t ld_volatile_shared(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.volatile.shared.s64 %0, [%1];" : "=l"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
+
+// 16 bytes through the read-only (non-coherent) path: data no kernel writes while this one runs.
+__device__ __forceinline__ uint4 ld_global_nc_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+// The same for data read once: kept out of L1, and the L2 asked to fetch 256 B per miss (a whole bf16
+// row of 128 elements). volatile, as above: callers guard these loads with a pointer check, which the
+// compiler must not hoist them above.
+__device__ __forceinline__ uint4 ld_global_stream_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+}  // namespace msa::detail::cuda::arch
