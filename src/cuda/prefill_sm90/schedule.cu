@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kScheduleThreads) tile_schedule_kernel(SeqPara
   using Scan = cub::BlockScan<int2, kScheduleThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int2 carry;
-  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   allow_dependent_launch();
   for (int i = threadIdx.x; i < num_counters; i += blockDim.x) counters[i] = 0;
   if (threadIdx.x == 0) {
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kListThreads) tile_lists_kernel(TileListParams
   int32_t* keys = list_smem;                 // [capacity]: block, or kNoBlock
   int32_t* is_rep = list_smem + p.capacity;  // [capacity]
   __shared__ int32_t reps, selections;
-  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   allow_dependent_launch();
   const int32_t tile = blockIdx.x;
   const int32_t cap = p.capacity;
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kListWarps * 32) tile_lists_warp_kernel(TileLi
   constexpr uint32_t kInvalid = ~0u;
   const int lane = threadIdx.x & 31;
   const int32_t tile = blockIdx.x * kListWarps + static_cast<int32_t>(threadIdx.x >> 5);
-  grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   allow_dependent_launch();
   if (tile >= p.sched.num_tiles) return;
   if (tile >= live_tiles(p.sched, p.seqs.batch_size)) {
