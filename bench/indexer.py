@@ -22,8 +22,8 @@ one); the copies also keep the 50 MB L2 from serving B=1 from cache.
 The fp8 rows also record how often the fp8 top-k equals the bf16 one on unit-variance keys: agree_rows
 (whole rows identical) and agree_entries (fraction of the 16 blocks shared); see docs/indexer.md.
 
---variants adds rows for the fallback kernels behind environment switches (impl column): the cp.async
-prefill producer (MSA_INDEXER_PRODUCER=cpasync) and the streaming decode kernel (MSA_INDEXER_DECODE=stream).
+--variants adds rows for the streaming decode kernel, behind an environment switch (MSA_INDEXER_DECODE=stream,
+docs/knobs.md; impl column msa[stream]).
 --once launches each workload once without timing (for ncu).
 """
 from __future__ import annotations
@@ -109,9 +109,8 @@ def topk_call(scores, qo_indptr, kv_lens, idx, layout):
                                    out=idx)
 
 
-# The fallback kernels behind environment switches (docs/indexer.md): the cp.async producer of the
-# sm_90a prefill kernel, and the streaming decode kernel (the path of every GPU other than sm_90).
-PREFILL_VARIANTS = [("msa[cpasync]", {"MSA_INDEXER_PRODUCER": "cpasync"})]
+# The streaming decode kernel (the path of every GPU other than sm_90) behind its environment switch
+# (docs/knobs.md).
 DECODE_VARIANTS = [("msa[stream]", {"MSA_INDEXER_DECODE": "stream"})]
 
 
@@ -133,7 +132,7 @@ class env_vars:
                 os.environ[k] = v
 
 
-def prefill_rows(ceil, name, qo_len, kv_len, iters, with_sm80, variants=False):
+def prefill_rows(ceil, name, qo_len, kv_len, iters, with_sm80):
     rows = []
     k, table = paged_cache(kv_len, 1)
     q = torch.randn((qo_len, H, D), device=dev, dtype=torch.bfloat16)
@@ -147,8 +146,6 @@ def prefill_rows(ceil, name, qo_len, kv_len, iters, with_sm80, variants=False):
         out = torch.empty((H, nb, qo_len) if layout == "HKT" else (qo_len, H, nb), device=dev)
         impls = [("msa", None)] + ([("msa-sm80", {"MSA_INDEXER_PREFILL": "portable"})]
                                    if with_sm80 and layout == "HKT" else [])
-        if variants:
-            impls += PREFILL_VARIANTS
         for impl, env in impls:
             with env_vars(env):
                 us = common.time_eager(scores_call(q, k, table, qo_indptr, kv_lens, out, layout), iters=iters)
@@ -273,7 +270,7 @@ def launch_once():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations, no sm80 rows, no P-chunk")
-    ap.add_argument("--variants", action="store_true", help="also the kernel choices behind environment switches")
+    ap.add_argument("--variants", action="store_true", help="also the streaming decode kernel (MSA_INDEXER_DECODE)")
     ap.add_argument("--once", action="store_true", help="launch each workload once, untimed (for ncu)")
     common.add_output_options(ap)
     args = ap.parse_args()
@@ -287,7 +284,7 @@ def main():
     iters = 5 if args.quick else 20
     rows = []
     rows += graph_floor_rows(50)
-    rows += prefill_rows(ceil, "P-32K", 32768, 32768, iters, with_sm80=not args.quick, variants=args.variants)
+    rows += prefill_rows(ceil, "P-32K", 32768, 32768, iters, with_sm80=not args.quick)
     if not args.quick:
         rows += prefill_rows(ceil, "P-chunk", 4096, 32768, iters, with_sm80=False)
     rows += decode_rows(ceil, 1, 65536, 20 if args.quick else 50, fp8=False, rotate=8, variants=args.variants)

@@ -37,8 +37,8 @@ the cuDNN output (dense).
 
 Experiments (one process, one set of ceilings):
   --variants 'NAME:VAR=V,VAR=V;NAME2:...'  repeat every msa row with these environment settings (read at
-                                           plan time: MSA_SM90_KV_TMA_STORE, MSA_SM90_KV_SUBWINDOW_TILES,
-                                           ...); rows are named msa[NAME] / msa-qmajor[NAME] ...
+                                           plan time, docs/knobs.md: MSA_SM90_KV_WINDOW_TILES, ...); rows are
+                                           named msa[NAME] / msa-qmajor[NAME] ...
   --modes auto,qmajor,kvmajor              decompositions timed per sparse pattern (default: auto, or all
                                            three without --quick)
   --patterns dense,random,shared           patterns to run (default: dense and the three sparse ones)

@@ -56,10 +56,6 @@ def main():
     check("decode sparse, split", prob([1, 1], [3000, 700]))
     check("decode sparse, unsplit", prob([1, 1], [3000, 700]), max_splits=1)
     check("decode sparse, fixed split", prob([1, 1], [3000, 700], topk=32), fixed_split_blocks=3)
-    os.environ["MSA_PAGED_TOKEN_MERGE"] = "pull"  # the single-token kernel's other split merge
-    check("decode sparse, split, pull merge", prob([1, 1], [3000, 700]))
-    check("decode sparse, 3 splits, G=12, pull merge", prob([1, 1, 1], [3000, 700, 129], g=12), max_splits=3)
-    del os.environ["MSA_PAGED_TOKEN_MERGE"]
     # 24 splits: more than a cluster holds, so the merge goes through the workspace and the last CTA
     # (on sm_90 the splits above merge inside a thread-block cluster).
     check("decode sparse, workspace merge", prob([1, 1], [3000, 700], topk=32), fixed_split_blocks=1)

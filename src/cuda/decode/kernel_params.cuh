@@ -8,10 +8,9 @@
 
 namespace msa::detail::cuda::decode {
 
-// What a decode CTA prefetches into the L2 before its PDL wait (KernelParams::prewait_prefetch, a bitmask;
-// MSA_PAGED_PREFETCH), and at most how many page-table entries (64 lines of 128 bytes, two per lane of warp 0:
-// a request of up to 262144 tokens at 128-token pages).
-constexpr int kPrefetchIndexes = 1, kPrefetchLengths = 2, kPrefetchPages = 4, kPrefetchAll = 7;
+// At most how many page-table entries a decode CTA prefetches into the L2 before its PDL wait
+// (KernelParams::prewait_prefetch; 64 lines of 128 bytes, two per lane of warp 0: a request of up to 262144
+// tokens at 128-token pages).
 constexpr int kPrefetchPageEntries = 2048;
 
 struct KernelParams {
@@ -43,7 +42,7 @@ struct KernelParams {
   // Decode, before the PDL wait: the L2 prefetch of the first trip's lines (index rows, lengths) and of the
   // first prefetch_page_entries entries of the request's page-table row (dense form: those up to the plan's
   // max_kv_len, at most kPrefetchPageEntries; 0 for the flat form, whose row base is itself a device read).
-  int32_t prewait_prefetch = 0;       // kPrefetch* bits
+  bool prewait_prefetch = false;
   int32_t prefetch_page_entries = 0;
 
   // S > 1 on sm_90: the S splits of an item form one thread-block cluster and merge through

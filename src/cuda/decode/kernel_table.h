@@ -23,8 +23,8 @@ extern template const void* kernel_for_rows<__half, 256>(int);
 // The kernel for (dtype, head dim, rows); nullptr when there is none.
 const void* kernel_entry(ScalarType dtype, int head_dim, int rows);
 
-// The single-token decode kernel (token_kernel.cuh) for dtype, with the pull (default) or the push
-// split merge; nullptr when there is none.
+// The single-token decode kernel (token_kernel.cuh) for dtype, with the push split merge or without it
+// (unsplit plans, and the pull merge of split_merge.cuh); nullptr when there is none.
 const void* token_kernel_entry(ScalarType dtype, bool push_merge = false);
 
 }  // namespace msa::detail::cuda::decode

@@ -2,14 +2,13 @@
 // Host only, never synchronizes: device facts come from cached attribute queries.
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
 
+#include "core/knobs.h"
 #include "cuda/runtime/check.cuh"
 #include "cuda/decode/config.cuh"
 #include "cuda/decode/kernel_params.cuh"
@@ -146,51 +145,29 @@ std::string unsupported_reason(const char* fn, const AttentionConfig& c) {
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Before the PDL wait, the decode kernels prefetch into the L2 the lines of their first trips (the guessed
-// index rows, the lengths) and of the request's page-table row: under PDL the grid is resident while the
-// previous kernel runs, so those trips hit the L2. MSA_PAGED_PREFETCH=N picks what (a bitmask: 1 the index
-// rows, 2 the lengths, 4 the page-table row; 0 none; default 7), to measure each part (docs/decode.md,
-// sixteenth session).
-int prewait_prefetch_bits() {
-  const char* e = std::getenv("MSA_PAGED_PREFETCH");
-  if (e == nullptr || *e == 0) return kPrefetchAll;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  MSA_CHECK(*end == 0 && v >= 0 && v <= kPrefetchAll, kValue,
-            "msa.plan_decode: environment variable MSA_PAGED_PREFETCH: expected 0..", kPrefetchAll, ", got '", e, "'");
-  return static_cast<int>(v);
-}
-
 // The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
 // request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
 // splits merge in a cluster); and MTP plans of up to kTokenMaxQoLen tokens per request when the
 // general kernel would also take one token per tile (G > 8: 16 rows per token), one CTA (or cluster)
-// per token. Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns it off
-// (benchmarks compare the two kernels in one process).
+// per token. Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns it off (core/knobs.h:
+// the general kernel, as the A100 and L40S run these plans).
 bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   const AttentionConfig& c = plan.config();
-  if (const char* e = std::getenv("MSA_PAGED_TOKEN_KERNEL"); e != nullptr && std::strcmp(e, "0") == 0) return false;
+  if (!knobs::token_decode_kernel("msa.plan_decode")) return false;
   const int tq = std::max(plan.max_qo_len(), 1);
   if (dev.cc < 90 || tq > kTokenMaxQoLen || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
   if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 1 || c.topk > kTokenMaxTopk) return false;
   if (tq > 1 && 2 * c.group_size() <= kTokenRows) return false;  // the general kernel packs several tokens per tile
   if (static_cast<int64_t>(plan.batch_size()) * std::bit_ceil(static_cast<unsigned>(tq)) > INT32_MAX) return false;  // grid.x
   if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
-  // Split merge: the push merge of token_kernel.cuh (D-B1 10.24 -> 8.42 us against the pull merge,
-  // same run, bench/results/decode-20261129-7454849-push-variants.md), or MSA_PAGED_TOKEN_MERGE=pull
-  // (split_merge.cuh, bitwise the same result; kept to compare the two). Push takes kTokenSmemPushBytes
-  // when the plan splits.
-  bool push = true;
-  if (const char* e = std::getenv("MSA_PAGED_TOKEN_MERGE"); e != nullptr && *e != 0 && std::strcmp(e, "push") != 0) {
-    MSA_CHECK(std::strcmp(e, "pull") == 0, kValue,
-              "msa.plan_decode: environment variable MSA_PAGED_TOKEN_MERGE: expected 'pull' or 'push', got '", e, "'");
-    push = false;
-  }
+  // Split merge: the push merge of token_kernel.cuh where its clusters fit (D-B1 10.24 -> 8.42 us against
+  // the pull merge, same run), else the pull merge of split_merge.cuh (bitwise the same result). Push takes
+  // kTokenSmemPushBytes when the plan splits.
   const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
   int per_sm = INT32_MAX;
   for (ScalarType t : kDtypes) {
     per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(t), kTokenThreads, kTokenSmemBytes));
-    if (push) (void)prepare_kernel(dev.device, token_kernel_entry(t, true), kTokenThreads, kTokenSmemPushBytes);
+    (void)prepare_kernel(dev.device, token_kernel_entry(t, true), kTokenThreads, kTokenSmemPushBytes);
   }
   if (per_sm < 1) return false;
   // Clusters of n CTAs that fit the device at once, with the push merge's shared memory or the pull's.
@@ -209,7 +186,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   // count, else pull (H200, c50e0f4 / d07921b, M3-TP4, push at 120.7 KB: D-B32 push at 2 splits 19.35
   // us, pull at 4 splits 17.41; D-B8 push at 8 splits 8.80 us, pull at 16 splits 11.58; with the
   // receive rows sized by S, D-B32 takes push at 4 splits: 14.8-15.1 us, decode-20261130-d0c4268-ab.md).
-  bool push_fits = push;
+  bool push_fits = false;
   // Splits: fixed-size ranges when asked (batch-invariant; the kernel serves such a plan only when
   // top-k / F ranges always fit one cluster, so the choice does not depend on the batch or the
   // lengths), else one CTA per SM, in clusters that all fit the device at once. One CTA per SM, not
@@ -225,7 +202,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     splits = ceil_div64(n_max, so.fixed_split_blocks);
     if (so.max_splits > 0 && splits > so.max_splits) return false;
     if (splits > 1 && clusters_fit(splits, false) < 1) return false;
-    push_fits = push && clusters_fit(splits, true) >= 1;
+    push_fits = clusters_fit(splits, true) >= 1;
   } else {
     const int64_t slots = dev.sm_count;
     splits = items >= slots ? 1 : std::min(slots / items, n_max);
@@ -237,7 +214,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
       return int64_t{1};
     };
     const int64_t n_pull = most_that_fit(false);
-    const int64_t n_push = push ? most_that_fit(true) : 1;
+    const int64_t n_push = most_that_fit(true);
     push_fits = n_push > 1 && ceil_div64(n_max, n_push) <= ceil_div64(n_max, n_pull) + 1;
     splits = push_fits ? n_push : n_pull;
   }
@@ -258,7 +235,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.smem_bytes = st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
   st.spec_qo_len = tq;
   st.pdl = true;
-  st.prewait_prefetch = prewait_prefetch_bits();
+  st.prewait_prefetch = true;
   st.cluster_merge = splits > 1;
   return true;
 }
@@ -413,7 +390,7 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   st->splits = static_cast<int>(splits);
   st->spec_qo_len = decode && c.topk > 0 ? max_qo : 0;
   st->pdl = dev.cc >= 90;
-  st->prewait_prefetch = decode && st->pdl ? prewait_prefetch_bits() : 0;
+  st->prewait_prefetch = decode && st->pdl;
   if (splits > 1 && !st->cluster_merge) {
     const size_t rows_total = static_cast<size_t>(items) * splits * rows;
     st->part_o = DeviceBuffer(rows_total * D * sizeof(float));

@@ -37,7 +37,7 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   kp.page_shift = ps > 0 && (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
   kp.cluster_merge = s.cluster_merge;
   kp.prewait_prefetch = s.prewait_prefetch;
-  if ((kp.prewait_prefetch & kPrefetchPages) != 0 && p.pages.indptr == nullptr && ps > 0) {
+  if (kp.prewait_prefetch && p.pages.indptr == nullptr && ps > 0) {
     const int64_t pages = std::min(p.pages.row_capacity, (p.max_kv_len + ps - 1) / ps);
     kp.prefetch_page_entries = static_cast<int32_t>(std::clamp<int64_t>(pages, 0, kPrefetchPageEntries));
   }

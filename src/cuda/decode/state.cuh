@@ -33,10 +33,10 @@ struct State {
   int spec_qo_len = 0;     // decode: guessed tokens per request (KernelParams::spec_qo_len)
   int tq_shift = 0;        // the token kernel: log2 of its CTAs per request (KernelParams::tq_shift)
   bool pdl = false;        // launch with programmatic stream serialization (sm_90+)
-  int prewait_prefetch = 0;  // decode: what is prefetched into the L2 before the PDL wait (kPrefetch* bits)
+  bool prewait_prefetch = false;  // decode: the L2 prefetch before the PDL wait (prewait_prefetch.cuh)
   bool cluster_merge = false;  // splits > 1 merge inside a cluster of dims (1, 1, splits) (sm_90)
   bool token_kernel = false;   // the single-token decode kernel (token_kernel.cuh) serves the plan
-  bool push_merge = false;     // ... with its push split merge (default; MSA_PAGED_TOKEN_MERGE=pull: the pull one)
+  bool push_merge = false;     // ... with its push split merge (where its clusters fit; else the pull merge)
 
   DeviceBuffer part_o;     // fp32 [items, splits, rows, head_dim] (splits > 1 without a cluster merge)
   DeviceBuffer part_lse;   // fp32 [items, splits, rows]

@@ -19,8 +19,8 @@
 //    through shared memory (two barriers), and split the head dim 32 columns apiece for O += P V: the
 //    softmax state is the same in every warp, so there is no combine at the end;
 //  * splits (<= 16) merge inside a thread-block cluster through distributed shared memory
-//    by pushing (kPushMerge, the default: see push_merge_receive below), or with
-//    MSA_PAGED_TOKEN_MERGE=pull through split_merge.cuh (the general kernel's merge; bitwise the same).
+//    by pushing (kPushMerge, where the plan's clusters fit: see push_merge_receive below), else
+//    through split_merge.cuh (the general kernel's pull merge; bitwise the same).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -56,8 +56,8 @@ struct TokenTile {
   int32_t pad;
 };
 
-// The push merge (kPushMerge, S > 1; the default since the fourth session: D-B1 10.24 -> 8.42 us, same
-// run, bench/results/decode-20261129-7454849-push-variants.md). The pull merge of split_merge.cuh costs two cluster barriers: every CTA waits for the
+// The push merge (kPushMerge, S > 1; D-B1 10.24 -> 8.42 us against the pull merge, same run).
+// The pull merge of split_merge.cuh costs two cluster barriers: every CTA waits for the
 // slowest split, reads the other splits' rows through distributed shared memory, and then waits until
 // every CTA is done reading its own rows before it may exit (D-B1: 52% of the warp samples sat at
 // those barriers under ncu). Here each CTA owns rows r = rank + jS as before, but the other splits

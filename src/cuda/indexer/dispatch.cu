@@ -1,9 +1,7 @@
 // The indexer entry points of the CUDA backend (core/backend.h): pick a kernel family from what the host
 // knows (token and request counts, device, dtypes), never from device lengths, and launch on `stream`.
-#include <cstdlib>
-#include <cstring>
-
 #include "core/backend.h"
+#include "core/knobs.h"
 #include "cuda/runtime/check.cuh"
 #include "cuda/runtime/device_buffer.cuh"
 #include "cuda/indexer/config.h"
@@ -13,14 +11,6 @@
 namespace msa::detail::cuda {
 
 namespace {
-
-// MSA_INDEXER_PREFILL=portable routes prefill-shaped batches to the mma.sync kernel on sm_90 too, and
-// MSA_INDEXER_DECODE=stream decode-shaped batches to the streaming kernel, so that the benchmarks and
-// tests can measure and check the portable paths on a Hopper machine.
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
 
 int device_of(const void* ptr, const char* fn) {
   cudaPointerAttributes attr{};
@@ -61,10 +51,11 @@ void block_scores(const BlockScoresParams& p, void* stream) {
   const bool sm90 = compute_capability(device) == 90;
   if (T <= kStreamMaxTokensPerRequest * B) {
     MSA_CHECK(B <= 0x7fffffffLL, kNotImplemented, fn, ": ", B, " requests exceed the CUDA grid");
-    const bool ring = sm90 && G <= kRingMaxGroup && !env_is("MSA_INDEXER_DECODE", "stream") &&
-                      ring_scores_available(device);
+    // MSA_INDEXER_DECODE=stream and MSA_INDEXER_PREFILL=portable (core/knobs.h) take the kernels of the
+    // other GPUs on sm_90 too.
+    const bool ring = sm90 && G <= kRingMaxGroup && !knobs::indexer_stream_decode(fn) && ring_scores_available(device);
     if (!ring || !launch_scores_ring(p, device, st)) launch_scores_stream(p, st);
-  } else if (!fp8 && G <= kSm90Rows && sm90 && !env_is("MSA_INDEXER_PREFILL", "portable") &&
+  } else if (!fp8 && G <= kSm90Rows && sm90 && !knobs::indexer_portable_prefill(fn) &&
              sm90_scores_available(device)) {
     launch_scores_sm90(p, st);
   } else if (G <= kPortableRows) {

@@ -1,6 +1,4 @@
 // Launch of the sm_90a prefill block-scores kernel (bf16 and fp16 index keys).
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -11,17 +9,6 @@
 #include "msa/error.h"
 
 namespace msa::detail::cuda::indexer {
-
-namespace {
-
-// MSA_INDEXER_PRODUCER=cpasync keeps the cp.async producer where TMA would apply (tests and benchmarks
-// of the fallback on a Hopper machine).
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
-
-}  // namespace
 
 bool sm90_scores_available(int device) {
   // Per device: whether the binary holds the sm_90a body (a build without it compiles an empty kernel
@@ -56,7 +43,7 @@ void launch_scores_sm90(const BlockScoresParams& p, cudaStream_t stream) {
   a.slots = p.seqs.total_q / a.tile_tokens + p.seqs.batch_size;
   a.ranges = (p.max_blocks + kSm90RangeBlocks - 1) / kSm90RangeBlocks;
   a.page_shift = page_shift(p.k.page_size);
-  a.tma = !env_is("MSA_INDEXER_PRODUCER", "cpasync") && keys_tma_ok(p) && encode_keys_map(&a.keys, p);
+  a.tma = keys_tma_ok(p) && encode_keys_map(&a.keys, p);  // else the cp.async producer (any page or stride)
   const int64_t items = a.slots * a.ranges;
   MSA_CHECK(items <= 0x7fffffffLL && p.k.num_heads <= 65535, kNotImplemented, "msa.block_scores: argument 'out': ",
             p.seqs.total_q, " tokens x ", p.max_blocks, " blocks x ", p.k.num_heads,

@@ -73,22 +73,15 @@ inline constexpr int kKvItemTokens = 64;
 // of kKvTailSubTiles Q tiles (kv_scheduler), so that the CTAs run out of work together. Whole items (8 Q
 // tiles at M3, ~20 us each) claimed in order left CTAs idle for up to an item at the end, and the calls
 // varied with the claim order: M3-TP4 P-chunk `random` timed calls of one run spread over 264-278 us. H200,
-// one process, alternating variants (bench/results/prefill-20261130-34cfd9b-tail-ab.md): whole items 276.4-276.7
-// us; parts of 2 tiles of the last 1, 2, 3 x 132 items 270.6 / 264.4-264.7 / 263.5-263.9; 4 tiles of the
-// last 2 / 4 x 132 266.6-266.8 / 265.5-266.2; single tiles 271.4 (a part's claim chain no longer hides
-// behind its jobs). M3-TP1 (4x the items) 920-921 -> 915.5. MSA_SM90_KV_TAIL=FxS overrides (0x0: off).
+// one process, alternating variants: whole items 276.4-276.7 us; parts of 2 tiles of the last 1, 2, 3 x 132
+// items 270.6 / 264.4-264.7 / 263.5-263.9; 4 tiles of the last 2 / 4 x 132 266.6-266.8 / 265.5-266.2; single
+// tiles 271.4 (a part's claim chain no longer hides behind its jobs). M3-TP1 (4x the items) 920-921 -> 915.5.
 inline constexpr int kKvTailItemsPerSm = 3;
 inline constexpr int kKvTailSubTiles = 2;
+static_assert(kKvTailItemsPerSm >= 1 && kKvTailSubTiles >= 1, "kv_scheduler always splits a window's tail");
 // Q tiles in flight in the KV-major kernel, and K/V blocks (one per work item) in flight.
 inline constexpr int kKvQStages = 2;
 inline constexpr int kKvBlockStages = 2;
-// KV-major partial outputs through shared memory and TMA stores (one box per warp, token and 64-dim
-// half) instead of 4-byte stores of the accumulator layout (8 L1 wavefronts each, 2048 per Q tile).
-// H200, M3-TP1 `random` (run of 2026-11-29 at b863a4d, both variants in one call): P-32K 198.9 -> 228.7
-// TFLOP/s, P-chunk 172.8 -> 201.0; `clustered` unchanged (315-318: few KV-major tiles). On by default since
-// test_kvmajor_partial_stores passed on that run with the box-count fix; MSA_SM90_KV_TMA_STORE=0 turns it
-// off, and the test checks both paths.
-inline constexpr bool kKvTmaStore = true;
 // Sub-windows of a KV-major window: its work items are ordered sub-window by sub-window, so that
 // the Q rows being gathered (512 tiles x 32 KiB = 16 MiB) stay in the 50 MB L2 while every block
 // they selected passes by; `random` would otherwise read each token's Q from HBM 16 times. Smaller

@@ -84,9 +84,9 @@ __device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem
   const int32_t tile_tokens = kTileRows >> p.group_shift;
   const int32_t n_items = min(L.item_count[p.window], L.item_capacity);
   const KvWorkItem* items = L.items + static_cast<int64_t>(p.window) * L.item_capacity;
-  const int32_t sub_tokens = p.tail_sub_tiles > 0 ? p.tail_sub_tiles * tile_tokens : kKvItemTokens;
+  const int32_t sub_tokens = kKvTailSubTiles * tile_tokens;
   const int32_t subs = (kKvItemTokens + sub_tokens - 1) / sub_tokens;
-  const int32_t split_from = p.tail_items > 0 ? max(n_items - p.tail_items, 0) : n_items;
+  const int32_t split_from = max(n_items - p.tail_items, 0);
   const int32_t n_claims = split_from + (n_items - split_from) * subs;
   const int2* pairs = L.pairs + static_cast<int64_t>(p.window) * L.window_tiles * L.list_capacity;
   for (uint32_t item_it = 0;; ++item_it) {
@@ -218,7 +218,6 @@ struct KvJob {
 // block per row) and writes its own partial (o, lse).
 template <bool kBf16>
 __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem& s, int wg) {
-  using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   const int tid = threadIdx.x & 127;
   const int lane = tid & 31;
   const int t = lane & 3;
@@ -230,7 +229,6 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
     slot[h] = row >> p.group_shift;
     head_in_group[h] = row & (group - 1);
   }
-  Elem* part_o = static_cast<Elem*>(p.lists.part_o);
   float* part_lse = p.lists.part_lse;
   const uint32_t q_off = wg * kWarpgroupRows * 128;
 
@@ -271,11 +269,12 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
     return true;
   };
 
-  // o / l of a finished job -> its partial rows (o normalized, lse in the log2 domain). With
-  // tma_store, the warp's 16 rows go to its slice of s.part (lane 0 first waits until its previous
-  // stores have read it) and lane 0 stores them with one TMA box per token and 64-dim half: rows
-  // of one token are contiguous in part_o (row = entry * G + head), 16 rows of one token a warp
-  // when G >= 16, two tokens of 8 when G = 8.
+  // o / l of a finished job -> its partial rows (o normalized, lse in the log2 domain). The warp's 16
+  // rows go to its slice of s.part (lane 0 first waits until its previous stores have read it) and lane 0
+  // stores them with one TMA box per token and 64-dim half: rows of one token are contiguous in part_o
+  // (row = entry * G + head), 16 rows of one token a warp when G >= 16, two tokens of 8 when G = 8.
+  // 4-byte stores of the accumulator layout instead (8 L1 wavefronts each, 2048 per Q tile) ran M3-TP1
+  // `random` at 198.9 TFLOP/s against 228.7 (P-32K) and 172.8 against 201.0 (P-chunk) on the H200.
   const int warp = tid >> 5;
   uint8_t* part_stage = s.part[wg] + warp * 16 * 128;  // + 8 KiB for dims 64..127
   // stmatrix addresses: lane 8i + r writes row r of matrix i = (h = i & 1, column chunk 2q + (i >> 1))
@@ -284,10 +283,8 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   const uint32_t st_row = arch::smem_addr(part_stage) + ((lane & 7) + 8 * ((lane >> 3) & 1)) * 128;
   const uint32_t st_chunk = (((lane >> 4) ^ (lane & 7)) << 4);
   auto store_partials = [&](const float (&o)[64], const float (&m)[2], float (&l)[2], const KvJob& jb) {
-    if (p.tma_store) {
-      if (lane == 0) arch::bulk_wait_read();
-      __syncwarp();
-    }
+    if (lane == 0) arch::bulk_wait_read();
+    __syncwarp();
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -295,42 +292,28 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
       l[h] += __shfl_xor_sync(~0u, l[h], 2);
       inv[h] = l[h] > 0.f ? arch::rcp_approx(l[h]) : 0.f;
     }
-    if (p.tma_store) {  // 8 stmatrix of 4 matrices (two column chunks x the warp's two 8-row halves)
+    // 8 stmatrix of 4 matrices (two column chunks x the warp's two 8-row halves)
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const uint32_t addr = st_row + (q / 4) * (kHalfTileBytes / kConsumerWarpgroups) + (st_chunk ^ (32 * (q % 4)));
-        arch::stmatrix_x4(addr, arch::pack2<Elem>(o[8 * q] * inv[0], o[8 * q + 1] * inv[0]),
-                          arch::pack2<Elem>(o[8 * q + 2] * inv[1], o[8 * q + 3] * inv[1]),
-                          arch::pack2<Elem>(o[8 * q + 4] * inv[0], o[8 * q + 5] * inv[0]),
-                          arch::pack2<Elem>(o[8 * q + 6] * inv[1], o[8 * q + 7] * inv[1]));
-      }
-    } else {
+    for (int q = 0; q < 8; ++q) {
+      const uint32_t addr = st_row + (q / 4) * (kHalfTileBytes / kConsumerWarpgroups) + (st_chunk ^ (32 * (q % 4)));
+      arch::stmatrix_x4(addr, arch::pack2<Elem>(o[8 * q] * inv[0], o[8 * q + 1] * inv[0]),
+                        arch::pack2<Elem>(o[8 * q + 2] * inv[1], o[8 * q + 3] * inv[1]),
+                        arch::pack2<Elem>(o[8 * q + 4] * inv[0], o[8 * q + 5] * inv[0]),
+                        arch::pack2<Elem>(o[8 * q + 6] * inv[1], o[8 * q + 7] * inv[1]));
+    }
+    arch::fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {  // rows 16 warp (+8): lane 0 holds both rows' entries
+      const int32_t box_rows = min(group, 16);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (jb.entry[h] < 0) continue;
-        const int64_t row = static_cast<int64_t>(jb.entry[h]) * group + head_in_group[h];
-        Elem* dst = part_o + row * kHeadDim + 2 * t;
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-              arch::pack2<Elem>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+        if ((h == 1 && box_rows > 8) || jb.entry[h] < 0) continue;  // G >= 16: one box of 16 rows
+        const int32_t row = jb.entry[h] * group + head_in_group[h];
+        const uint8_t* src = part_stage + h * 8 * 128;
+        arch::tma_store_2d(&p.part_map, 0, row, src);
+        arch::tma_store_2d(&p.part_map, kHalfDim, row, src + kHalfTileBytes / kConsumerWarpgroups);
       }
-    }
-    if (p.tma_store) {
-      arch::fence_proxy_async();
-      __syncwarp();
-      if (lane == 0) {  // rows 16 warp (+8): lane 0 holds both rows' entries
-        const int32_t box_rows = min(group, 16);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if ((h == 1 && box_rows > 8) || jb.entry[h] < 0) continue;  // G >= 16: one box of 16 rows
-          const int32_t row = jb.entry[h] * group + head_in_group[h];
-          const uint8_t* src = part_stage + h * 8 * 128;
-          arch::tma_store_2d(&p.part_map, 0, row, src);
-          arch::tma_store_2d(&p.part_map, kHalfDim, row, src + kHalfTileBytes / kConsumerWarpgroups);
-        }
-        arch::bulk_commit();
-      }
+      arch::bulk_commit();
     }
     // The lse after the fence above: fence.proxy.async is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC in SASS,
     // and the membar waited for this global store when it came first.
@@ -400,7 +383,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
   arch::fence_regs(pf);
   if (prev.last_of_item) arch::mbarrier_arrive(&s.kv_empty[prev.kb]);
   store_partials(o, prev_m, prev_l, prev);
-  if (p.tma_store && lane == 0) arch::bulk_wait_all();  // the stores read s.part until they complete
+  if (lane == 0) arch::bulk_wait_all();  // the stores read s.part until they complete
 }
 
 #endif  // MSA_SM90A_DEVICE
@@ -408,7 +391,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
 template <bool kBf16>
 __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __grid_constant__ KvMajorParams p) {
 #ifdef MSA_SM90A_DEVICE
-  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024u - (arch::smem_addr(smem_raw) & 1023u)) & 1023u;

@@ -63,7 +63,7 @@ __device__ __forceinline__ void rank_tile(const KvListParams& p, int32_t tile) {
 }
 
 __global__ void __launch_bounds__(kEntryThreads) kv_rank_kernel(KvListParams p) {
-  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   for (int32_t tile = blockIdx.x; tile < p.sched.num_tiles; tile += gridDim.x) {
     if (kv_major_tile(p, tile)) rank_tile(p, tile);
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kScanThreads, 1) kv_scan_kernel(KvListParams p
   __shared__ int4 stage_head[kScanStage];  // request, kv_head, block, start
   __shared__ int32_t stage_count[kScanStage];
   __shared__ int32_t cum_shared[kScanCumShared];
-  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   const KvLists& L = p.lists;
   const int32_t window = blockIdx.x;
@@ -303,7 +303,7 @@ __device__ __forceinline__ void fill_tile(const KvListParams& p, int32_t tile) {
 }
 
 __global__ void __launch_bounds__(kEntryThreads) kv_fill_kernel(KvListParams p) {
-  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   for (int32_t tile = blockIdx.x; tile < p.sched.num_tiles; tile += gridDim.x) {
     if (kv_major_tile(p, tile)) fill_tile(p, tile);
@@ -446,7 +446,7 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
 // unbounded, i.e. 1 CTA per SM).
 template <typename Elem>
 __global__ void __launch_bounds__(kMergeThreads, 2) kv_merge_kernel(KvMergeParams p) {
-  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   if (p.lists.window_kv_tiles[p.window] == 0) return;
   merge_tile<Elem>(p, blockIdx.x);

@@ -24,7 +24,7 @@ struct KvListParams {
 // entry_key / entry_rank of every entry of the KV-major tiles (rank by atomics on the key_stripes (4 or 8)
 // counters of its key in key_count, which must be zero; the rank is the place in the tile's stripe).
 // Order inside a key's list is arbitrary; each entry's result does not depend on it.
-// pdl (here and below): launched with programmatic dependent launch (PrefillState::pdl).
+// pdl (here and below): launched with programmatic dependent launch (launch.h).
 void launch_kv_rank(const KvListParams& p, bool pdl, cudaStream_t stream);
 // Per window: key_offset = exclusive scan of the keys' counts (stripes summed), work items of <=
 // kKvItemTokens tokens.

@@ -99,7 +99,6 @@ struct KvMajorParams {
   CUtensorMap k_map;  // QMajorParams::k_map / v_map, copied (the same maps)
   CUtensorMap v_map;
   CUtensorMap part_map;  // part_o as [rows, D]: box {64, min(G, 16)} (one warp's rows of one token)
-  int32_t tma_store = 0;  // partials through shared memory and TMA stores (kKvTmaStore); 0: direct stores
   SeqParams seqs;
   PageTableParams pages;
   KvLists lists;
@@ -108,9 +107,9 @@ struct KvMajorParams {
   int32_t page_blocks = 1;
   bool causal = true;
   float scale_log2 = 0.f;
-  // The last tail_items work items of a window are claimed in parts of tail_sub_tiles Q tiles (0: whole
-  // items throughout), so that the CTAs finish together (config.h kKvTailItemsPerSm).
-  int32_t tail_items = 0, tail_sub_tiles = 0;
+  // The last tail_items (kKvTailItemsPerSm x SM count) work items of a window are claimed in parts of
+  // kKvTailSubTiles Q tiles, so that the CTAs finish together (config.h).
+  int32_t tail_items = 0;
 };
 
 }  // namespace msa::detail::cuda::prefill_sm90

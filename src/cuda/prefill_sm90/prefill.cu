@@ -10,18 +10,17 @@
 // With a KV-major path the KV-major launches run on the plan's side stream (StreamFork, highest
 // priority) while the query-major kernel runs on the caller's: the two share no writes (the query-major
 // kernel skips KV-major tiles, each path writes its own tiles' rows of o / lse and its own counters).
-// Before, the six KV-major launches ran after the query-major kernel even when they found nothing to do:
-// M3-TP1 P-chunk `shared`, 21 us of kernels (memset .. merge) and ~10 us of gaps behind its 463 us
-// query-major kernel, and in every plan the KV-major work waited for the query-major kernel's last tiles.
+// In stream order after the query-major kernel, the six KV-major launches add their time even when they
+// find nothing to do (M3-TP1 P-chunk `shared`: 21 us of kernels, memset .. merge, and ~10 us of gaps
+// behind its 463 us query-major kernel), and in every plan the KV-major work waits for the query-major
+// kernel's last tiles.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <vector>
 
+#include "core/knobs.h"
 #include "cuda/runtime/check.cuh"
 #include "cuda/prefill_sm90/config.h"
 #include "cuda/prefill_sm90/kvmajor_lists.h"
@@ -44,70 +43,23 @@ int log2_exact(int x) {
   return s;
 }
 
-// MSA_SM90_PREFILL=auto (default) | qmajor | kvmajor chooses how sparse tiles are decomposed (for
-// benchmarks and experiments; auto picks per tile on the device, see KvMajorRule).
+// The decomposition of sparse tiles: per tile on the device by default (KvMajorRule::kWideUnion), or
+// forced one way by MSA_SM90_PREFILL (core/knobs.h).
 KvMajorRule sparse_rule(bool sparse, int group) {
   if (!sparse || group < kKvMinGroup) return KvMajorRule::kNever;
-  const char* e = std::getenv("MSA_SM90_PREFILL");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return KvMajorRule::kWideUnion;
-  if (std::strcmp(e, "qmajor") == 0) return KvMajorRule::kNever;
-  if (std::strcmp(e, "kvmajor") == 0) return KvMajorRule::kAlways;
-  MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_PREFILL: expected auto, qmajor or kvmajor, got '",
-           e, "'");
+  switch (knobs::prefill_decomposition("msa.plan_prefill")) {
+    case knobs::PrefillDecomposition::kQMajor: return KvMajorRule::kNever;
+    case knobs::PrefillDecomposition::kKvMajor: return KvMajorRule::kAlways;
+    default: return KvMajorRule::kWideUnion;
+  }
 }
 
-// A 0 / 1 environment variable read at plan time (benchmarks, experiments); unset or empty: dflt.
-bool env_flag(const char* name, bool dflt) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == 0) return dflt;
-  if (std::strcmp(e, "0") == 0) return false;
-  if (std::strcmp(e, "1") == 0) return true;
-  MSA_FAIL(kValue, "msa.plan_prefill: environment variable ", name, ": expected 0 or 1, got '", e, "'");
-}
-
-// MSA_SM90_KV_CONCURRENT=0 keeps the KV-major launches on the caller's stream too, after the query-major kernel
-// (no fork: the serial order).
-bool kv_concurrent() { return env_flag("MSA_SM90_KV_CONCURRENT", true); }
-
-// MSA_SM90_KV_TMA_STORE=0|1 overrides kKvTmaStore.
-bool kv_tma_store() { return env_flag("MSA_SM90_KV_TMA_STORE", kKvTmaStore); }
-
-// MSA_SM90_PDL=0 launches the run's kernels in plain stream order (see PrefillState::pdl).
-bool chain_pdl() { return env_flag("MSA_SM90_PDL", true); }
-// MSA_SM90_PDL_KV=0 keeps scan, fill and the KV-major kernel out of it (see PrefillState::pdl_kv).
-bool kv_chain_pdl() { return env_flag("MSA_SM90_PDL_KV", true); }
-
-// Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4;
-// MSA_SM90_KEY_STRIPES=4|8 overrides (tests, benchmarks).
-int32_t key_stripes(int32_t key_span) {
-  const char* e = std::getenv("MSA_SM90_KEY_STRIPES");
-  if (e == nullptr || *e == 0) return key_span <= kKeyStripesWideKeys ? 8 : 4;
-  if (std::strcmp(e, "4") == 0) return 4;
-  if (std::strcmp(e, "8") == 0) return 8;
-  MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KEY_STRIPES: expected 4 or 8, got '", e, "'");
-}
-
-// The KV-major tail split (config.h kKvTailItemsPerSm, kKvTailSubTiles); MSA_SM90_KV_TAIL=FxS overrides:
-// the last F x (SM count) work items claimed S Q tiles at a time, 0x0 whole items throughout.
-void kv_tail(int32_t sm_count, int32_t* items, int32_t* sub_tiles) {
-  int f = kKvTailItemsPerSm, t = kKvTailSubTiles;
-  const char* e = std::getenv("MSA_SM90_KV_TAIL");
-  if (e != nullptr && *e != 0 && (std::sscanf(e, "%dx%d", &f, &t) != 2 || f < 0 || t < 0))
-    MSA_FAIL(kValue, "msa.plan_prefill: environment variable MSA_SM90_KV_TAIL: expected FxS (two integers >= 0), got '",
-             e, "'");
-  const bool on = f > 0 && t > 0;
-  *items = on ? std::min(f, 1 << 16) * sm_count : 0;  // 1 << 16 x SMs: every item of any window
-  *sub_tiles = on ? std::min(t, kKvItemTokens) : 0;   // a part of >= kKvItemTokens tokens is a whole item
-}
+// Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4.
+int32_t key_stripes(int32_t key_span) { return key_span <= kKeyStripesWideKeys ? 8 : 4; }
 
 template <typename T>
 T* ptr(const DeviceBuffer& b) {
   return static_cast<T*>(b.get());
-}
-
-int64_t env_positive(const char* name) {
-  const char* e = std::getenv(name);
-  return e != nullptr ? std::max<long long>(0, std::atoll(e)) : 0;
 }
 
 // Sizes the KV-major windows and their buffers; leaves the rule at kNever when the key arrays
@@ -116,11 +68,9 @@ void plan_kv_major(PrefillState& s, int64_t total_blocks) {
   const int32_t group = 1 << s.group_shift;
   const int64_t part_bytes_per_tile = static_cast<int64_t>(s.list_capacity) * group * kHeadDim * 2;
   int64_t window = std::max<int64_t>(1, std::min<int64_t>(s.num_tiles, kKvPartialBudgetBytes / part_bytes_per_tile));
-  int64_t sub = kKvSubwindowTiles;
-  // Overrides for tests (several windows on a small problem) and tuning.
-  if (const int64_t w = env_positive("MSA_SM90_KV_WINDOW_TILES")) window = std::min(window, w);
-  if (const int64_t t = env_positive("MSA_SM90_KV_SUBWINDOW_TILES")) sub = t;
-  sub = std::min(sub, window);
+  // MSA_SM90_KV_WINDOW_TILES caps it (tests: several windows on a small problem).
+  if (const int64_t w = knobs::kv_window_tiles("msa.plan_prefill")) window = std::min(window, w);
+  const int64_t sub = std::min<int64_t>(kKvSubwindowTiles, window);
   const int64_t windows = (s.num_tiles + window - 1) / window;
   const int64_t subs = (window + sub - 1) / sub;
   constexpr int64_t kMaxKeys = int64_t(1) << 24;
@@ -147,13 +97,12 @@ void plan_kv_major(PrefillState& s, int64_t total_blocks) {
   s.item_count = DeviceBuffer(static_cast<size_t>(windows) * sizeof(int32_t));
   s.part_o = DeviceBuffer(static_cast<size_t>(window * part_bytes_per_tile));
   s.part_lse = DeviceBuffer(static_cast<size_t>(window) * s.list_capacity * group * sizeof(float));
-  if (s.kv_tma_store) {  // part_o of one window as [rows, D]; a box = one warp's rows of one token
-    const uint64_t dims[2] = {kHeadDim, static_cast<uint64_t>(window) * s.list_capacity * group};
-    const uint64_t strides[1] = {kHeadDim * 2};
-    const uint32_t box[2] = {kHalfDim, static_cast<uint32_t>(std::min(group, 16))};
-    encode_tensor_map(&s.part_map_bf16, ScalarType::kBF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
-    encode_tensor_map(&s.part_map_f16, ScalarType::kF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
-  }
+  // part_o of one window as [rows, D]; a box = one warp's rows of one token
+  const uint64_t dims[2] = {kHeadDim, static_cast<uint64_t>(window) * s.list_capacity * group};
+  const uint64_t strides[1] = {kHeadDim * 2};
+  const uint32_t box[2] = {kHalfDim, static_cast<uint32_t>(std::min(group, 16))};
+  encode_tensor_map(&s.part_map_bf16, ScalarType::kBF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
+  encode_tensor_map(&s.part_map_f16, ScalarType::kF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
 }
 
 // Maps of q [total_q, Hq, D] (box: 64 dims x G heads x `tokens` tokens) and of a cache
@@ -226,19 +175,17 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorP
   lp.kv_major = ptr<int32_t>(s.kv_major);
   lp.lists = lists;
   // rank follows the memset (no PDL edge there); scan, fill and the KV-major kernel follow a kernel of
-  // this run (PDL only with pdl_kv); the merge never (PrefillState::pdl).
-  const bool kv_pdl = s.pdl && s.pdl_kv;
+  // this run (PDL); the merge never (launch.h).
   launch_kv_rank(lp, false, stream);
-  launch_kv_scan(lp, kv_pdl, stream);
-  launch_kv_fill(lp, kv_pdl, stream);
+  launch_kv_scan(lp, true, stream);
+  launch_kv_fill(lp, true, stream);
 
   const int32_t group = 1 << s.group_shift;
   KvMajorParams kp{};
   encode_q_map(&kp.q_map, p, group, 1);
   kp.k_map = qp.k_map;
   kp.v_map = qp.v_map;
-  if (s.kv_tma_store) kp.part_map = bf16 ? s.part_map_bf16 : s.part_map_f16;
-  kp.tma_store = s.kv_tma_store ? 1 : 0;
+  kp.part_map = bf16 ? s.part_map_bf16 : s.part_map_f16;
   kp.seqs = p.seqs;
   kp.pages = p.pages;
   kp.lists = lists;
@@ -246,8 +193,7 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorP
   kp.page_blocks = s.page_blocks;
   kp.causal = s.causal;
   kp.scale_log2 = p.sm_scale * kLog2e;
-  kp.tail_items = s.kv_tail_items;
-  kp.tail_sub_tiles = s.kv_tail_sub_tiles;
+  kp.tail_items = kKvTailItemsPerSm * s.sm_count;
 
   KvMergeParams mp;
   mp.seqs = p.seqs;
@@ -266,9 +212,9 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorP
     kp.window = w;
     mp.window = w;
     if (bf16)
-      launch_kvmajor<true>(kp, s.sm_count, kv_pdl, stream);
+      launch_kvmajor<true>(kp, s.sm_count, true, stream);
     else
-      launch_kvmajor<false>(kp, s.sm_count, kv_pdl, stream);
+      launch_kvmajor<false>(kp, s.sm_count, true, stream);
     launch_kv_merge(mp, false, stream);
   }
 }
@@ -280,7 +226,7 @@ std::string describe(const PrefillState& s) {
   std::string out = std::string("sm90=prefill tiles=") + std::to_string(s.num_tiles) + " kvmajor=" + rule;
   if (s.rule != KvMajorRule::kNever)
     out += " windows=" + std::to_string(s.num_windows) + " window_tiles=" + std::to_string(s.window_tiles) +
-           (s.fork ? " concurrent" : "");
+           " key_stripes=" + std::to_string(s.key_stripes) + " concurrent";
   return out;
 }
 
@@ -305,10 +251,6 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   s->page_blocks = c.page_size / kBlockKeys;
   s->topk = c.topk;
   s->causal = c.causal;
-  s->kv_tma_store = kv_tma_store();
-  s->pdl = chain_pdl();
-  s->pdl_kv = kv_chain_pdl();
-  kv_tail(dev.sm_count, &s->kv_tail_items, &s->kv_tail_sub_tiles);
 
   // The plan's host lengths fix the workspace extents (the device lengths of a run must agree;
   // tiles past these extents are not run, nothing is read or written out of bounds).
@@ -334,7 +276,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
     if (s->rule != KvMajorRule::kNever && s->num_tiles > 0) plan_kv_major(*s, blocks);
   }
   if (s->rule == KvMajorRule::kNever) s->num_windows = 0;
-  if (s->rule != KvMajorRule::kNever && kv_concurrent()) s->fork = StreamFork(/*high_priority=*/true);
+  if (s->rule != KvMajorRule::kNever) s->fork = StreamFork(/*high_priority=*/true);
   if (s->rule != KvMajorRule::kNever) s->qm_tiles = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
   s->counters = DeviceBuffer(static_cast<size_t>(2 + 2 * s->num_windows) * sizeof(int32_t));
   return s;
@@ -409,7 +351,7 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
       lp.qm_tiles = ptr<int32_t>(s.qm_tiles);
       lp.qm_count = ptr<int32_t>(s.counters) + 1 + 2 * s.num_windows;
     }
-    launch_tile_lists(lp, s.pdl, stream);
+    launch_tile_lists(lp, true, stream);
     qp.lists.entries = lp.entries;
     qp.lists.count = lp.count;
     qp.lists.kv_major = lp.kv_major;
@@ -418,27 +360,25 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
     qp.lists.qm_count = lp.qm_count;
   }
 
+  // With a KV-major path, the query-major kernel follows the lists on the caller's stream (PDL) and the
+  // KV-major launches go to the side stream, where the first of them (a memset) follows the fork's event
+  // wait. The query-major kernel on the side stream would have that event wait as its predecessor and no
+  // PDL edge: M3-TP4 P-chunk `shared`, whose KV-major launches find nothing to do, ran 133.1 us that way
+  // against 130.6-130.8 with the query-major path alone (docs/prefill.md).
   const bool kv_path = sparse && s.rule != KvMajorRule::kNever;
-  const bool concurrent = kv_path && static_cast<bool>(s.fork);
-  if (concurrent) s.fork.fork(stream);
-  // The query-major kernel follows the lists on the caller's stream, with PDL, and the KV-major launches go to
-  // the side stream when forked: there the first of them (a memset) follows the fork's event wait either way.
-  // With the query-major kernel on the side stream instead (until the seventeenth session) its predecessor was
-  // that event wait, so it had no PDL edge: M3-TP4 P-chunk `shared`, whose KV-major launches find nothing to
-  // do, ran 133.1 us against 130.6-130.8 with the query-major path alone (docs/prefill.md).
-  const cudaStream_t kv_stream = concurrent ? s.fork.side() : stream;
+  if (kv_path) s.fork.fork(stream);
   const int grid = std::min(s.sm_count, s.num_tiles);
   try {
     if (bf16)
-      launch_qmajor<true>(sparse, qp, grid, s.pdl, stream);
+      launch_qmajor<true>(sparse, qp, grid, true, stream);
     else
-      launch_qmajor<false>(sparse, qp, grid, s.pdl, stream);
-    if (kv_path) run_kv_major(s, p, qp, bf16, kv_stream);
+      launch_qmajor<false>(sparse, qp, grid, true, stream);
+    if (kv_path) run_kv_major(s, p, qp, bf16, s.fork.side());
   } catch (...) {
-    if (concurrent) s.fork.join_after_error(stream);
+    if (kv_path) s.fork.join_after_error(stream);
     throw;
   }
-  if (concurrent) s.fork.join(stream);
+  if (kv_path) s.fork.join(stream);
 }
 
 }  // namespace msa::detail::cuda::prefill_sm90

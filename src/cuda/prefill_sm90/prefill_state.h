@@ -24,20 +24,6 @@ struct PrefillState {
   bool causal = true;
   int32_t num_tiles = 0;     // canonical tiles of the plan's lengths
   KvMajorRule rule = KvMajorRule::kNever;
-  bool kv_tma_store = false;  // KV-major partials through TMA stores (config.h kKvTmaStore)
-  int32_t kv_tail_items = 0, kv_tail_sub_tiles = 0;  // KvMajorParams::tail_items / tail_sub_tiles
-  // Programmatic dependent launch (PDL) where a launch follows a kernel of this run on the same stream:
-  // the lists after the schedule, the query-major kernel right after the lists (or the schedule) on the
-  // caller's stream, and (pdl_kv) scan, fill and the KV-major kernel after the kernel before them. Every kernel of the run waits for its predecessor
-  // (grid_dependency_wait) before anything else, so either launch is correct. The merge is never launched
-  // so: with PDL it took 77 -> 87 us at M3-TP4 P-chunk `random` and 277 -> 315 us at M3-TP1 (its CTAs
-  // sit waiting on the SMs the KV-major kernel leaves). H200, variants in one process, two processes
-  // (prefill-20261130-4907ef9-pdl-order-ab.md; the first row of a process reads ~3% slow whatever its
-  // settings, so a throw-away row leads): M3-TP4 P-chunk `random` plain 263.5-265.4 us, lists only
-  // 262.6-263.1, with pdl_kv 260.8-261.1; M3-TP1 P-chunk equal within 0.5%. MSA_SM90_PDL=0 /
-  // MSA_SM90_PDL_KV=0 turn them off.
-  bool pdl = true;
-  bool pdl_kv = true;
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]
@@ -51,13 +37,13 @@ struct PrefillState {
 
   // KV-major (rule != kNever).
   int32_t window_tiles = 0, num_windows = 0, subwindow_tiles = 0, block_keys = 0, key_span = 0, item_capacity = 0;
-  int32_t key_stripes = 4;  // rank counters used per key (config.h kKeyStripesWideKeys; MSA_SM90_KEY_STRIPES)
+  int32_t key_stripes = 4;  // rank counters used per key (config.h kKeyStripesWideKeys)
   DeviceBuffer key_count, key_offset, entry_key, entry_rank, pairs, items, item_count, part_o, part_lse;
-  // The TMA map of part_o for bf16 and fp16 q (with kv_tma_store), encoded at plan time: part_o is the plan's, so
-  // a run need not encode it (~1-2 us of host time a map on the H200 machine, bench/run_host.py).
+  // The TMA map of part_o for bf16 and fp16 q, encoded at plan time: part_o is the plan's, so a run need not
+  // encode it (~1-2 us of host time a map on the H200 machine, bench/run_host.py).
   CUtensorMap part_map_bf16{}, part_map_f16{};
   // The KV-major launches on a side stream beside the query-major kernel (both read the tile lists and
-  // write disjoint rows of o / lse); empty when the plan has no KV-major path or MSA_SM90_KV_CONCURRENT=0.
+  // write disjoint rows of o / lse); empty when the plan has no KV-major path.
   StreamFork fork;
 };
 

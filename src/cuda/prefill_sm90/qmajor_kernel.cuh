@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
   MSA_QTRACE_DECL;
   MSA_QTRACE(begin());
   if (threadIdx.x / 32 == 1) qmajor_prewait_prefetch(p, threadIdx.x & 31);
-  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   MSA_QTRACE(mark(1));
   arch::allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kScheduleThreads) tile_schedule_kernel(SeqPara
   using Scan = cub::BlockScan<int2, kScheduleThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int2 carry;
-  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   for (int i = threadIdx.x; i < num_counters; i += blockDim.x) counters[i] = 0;
   if (threadIdx.x == 0) {
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kListThreads) tile_lists_kernel(TileListParams
   int32_t* keys = list_smem;                 // [capacity]: block, or kNoBlock
   int32_t* is_rep = list_smem + p.capacity;  // [capacity]
   __shared__ int32_t reps, selections;
-  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   const int32_t tile = blockIdx.x;
   const int32_t cap = p.capacity;
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kListWarps * 32) tile_lists_warp_kernel(TileLi
   constexpr uint32_t kInvalid = ~0u;
   const int lane = threadIdx.x & 31;
   const int32_t tile = blockIdx.x * kListWarps + static_cast<int32_t>(threadIdx.x >> 5);
-  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (PrefillState::pdl)
+  arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   if (tile >= p.sched.num_tiles) return;
   if (tile >= live_tiles(p.sched, p.seqs.batch_size)) {

@@ -263,8 +263,7 @@ def draw_decode(seed: int, backend: str = "gpu") -> dict:
         index_dtype=pick(r, ["int32", "int64"], [0.8, 0.2]), **_view_knobs(r),
         selection=_selection_knobs(r, prefill=False),
         graph=backend == "gpu" and r.random() < 0.5,
-        env=pick(r, [{}, {"MSA_PAGED_TOKEN_KERNEL": "0"}, {"MSA_PAGED_TOKEN_MERGE": "pull"},
-                     {"MSA_PAGED_PREFETCH": "0"}], [0.6, 0.15, 0.15, 0.1]) if backend == "gpu" else {},
+        env=pick(r, [{}, {"MSA_PAGED_TOKEN_KERNEL": "0"}], [0.85, 0.15]) if backend == "gpu" else {},
         data_seed=[seed, 1, 1], est_cost=round(decode_cost(case), 4))
     return case
 

@@ -151,7 +151,7 @@ def draw_case(seed: int, backend: str = "gpu") -> dict:
         room = B * plan_max_qo_len - sum(qo)
         extra_q_rows = int(r.integers(1, room + 1)) if room > 0 and r.random() < 0.3 else 0
         kind = pick(r, ["auto", "max", "fixed", "both"], [0.5, 0.2, 0.2, 0.1])
-        env = pick(r, [{}, {"MSA_PAGED_TOKEN_KERNEL": "0"}, {"MSA_PAGED_TOKEN_MERGE": "pull"}], [0.7, 0.15, 0.15])
+        env = pick(r, [{}, {"MSA_PAGED_TOKEN_KERNEL": "0"}], [0.85, 0.15])
     else:
         plan_max_qo_len = plan_max_kv_len = None
         extra_q_rows = 0

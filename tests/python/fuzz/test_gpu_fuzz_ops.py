@@ -276,8 +276,8 @@ def draw_block_scores(seed: int, backend: str = "gpu") -> dict:
         out_mode="given" if backend == "gpu" or r.random() < 0.6 else "alloc",
         pass_max_blocks=r.random() < 0.5,
         validate=r.random() < 0.1,
-        env=pick(r, [{}, {"MSA_INDEXER_DECODE": "stream"}, {"MSA_INDEXER_PRODUCER": "cpasync"},
-                      {"MSA_INDEXER_PREFILL": "portable"}], [0.6, 0.15, 0.15, 0.1]) if backend == "gpu" else {},
+        env=pick(r, [{}, {"MSA_INDEXER_DECODE": "stream"}, {"MSA_INDEXER_PREFILL": "portable"}],
+                 [0.75, 0.15, 0.1]) if backend == "gpu" else {},
     )
     causal, explicit_offset, zero_q = case["causal"], r.random() < 0.25, r.random() < 0.2
     B = int(r.integers(1, 13)) if decode else int(r.integers(1, 5))

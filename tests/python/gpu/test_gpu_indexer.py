@@ -149,12 +149,14 @@ def test_block_scores_fp8_keys(rng, shape, qdtype, layout):
     assert_scores_equal(got, ref_scores(prob, nb, k_values=k_values, k_scale=scale.cpu().numpy()))
 
 
-# Environment switches that route the same shapes to the other kernel of each family (the defaults are
-# the TMA ring for decode and the TMA producer for prefill where the cache allows TMA).
+# How the same shapes reach the other kernel of each family (the defaults are the TMA ring for decode and
+# the TMA producer for prefill): an environment switch (docs/knobs.md), or for the cp.async producer of the
+# sm_90a prefill kernel an index-K cache TMA cannot read (pages of 48 keys: neither a multiple of 128 nor a
+# divisor of it). (environment, page size or None)
 KERNEL_SWITCHES = {
-    "default": {},
-    "decode_stream": {"MSA_INDEXER_DECODE": "stream"},
-    "prefill_cpasync": {"MSA_INDEXER_PRODUCER": "cpasync"},
+    "default": ({}, None),
+    "decode_stream": ({"MSA_INDEXER_DECODE": "stream"}, None),
+    "prefill_cpasync": ({}, 48),
 }
 
 
@@ -162,10 +164,11 @@ KERNEL_SWITCHES = {
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("kdtype", ["bf16", "fp8"])
 def test_block_scores_kernel_switches(rng, monkeypatch, switch, shape, kdtype):
-    for k, v in KERNEL_SWITCHES[switch].items():
+    env, page_size = KERNEL_SWITCHES[switch]
+    for k, v in env.items():
         monkeypatch.setenv(k, v)
     qo, kv = SHAPES[shape]
-    prob = index_problem(rng, qo, kv, page_size=64 if shape == "mtp" else 128)
+    prob = index_problem(rng, qo, kv, page_size=page_size or (64 if shape == "mtp" else 128))
     t = gpu_inputs(prob)
     if kdtype == "fp8":
         k8, scale = quantize_fp8(t["k_cache"])
@@ -177,13 +180,14 @@ def test_block_scores_kernel_switches(rng, monkeypatch, switch, shape, kdtype):
     assert_scores_equal(got, want)
 
 
-@pytest.mark.parametrize("page_size", [32, 64, 128, 256])
+@pytest.mark.parametrize("page_size", [32, 48, 64, 128, 256])
 @pytest.mark.parametrize("shape", ["decode_ragged", "mtp", "prefill_batch"])
 @pytest.mark.parametrize("kdtype", ["bf16", "fp8"])
-@pytest.mark.parametrize("switch", ["default", "decode_stream", "prefill_cpasync"])
+@pytest.mark.parametrize("switch", ["default", "decode_stream"])
 def test_block_scores_pages_outside_pool(rng, monkeypatch, switch, kdtype, shape, page_size):
-    """Page-table entries outside [0, num_pages) inside the visible range read as zero keys (score 0)."""
-    for k, v in KERNEL_SWITCHES[switch].items():
+    """Page-table entries outside [0, num_pages) inside the visible range read as zero keys (score 0); pages
+    of 48 keys take the cp.async producer of the sm_90a prefill kernel."""
+    for k, v in KERNEL_SWITCHES[switch][0].items():
         monkeypatch.setenv(k, v)
     qo, kv = SHAPES[shape]
     prob = index_problem(rng, qo, kv, page_size=page_size)

@@ -222,54 +222,30 @@ def eager_and_replays(plan, prob, t, replays=3):
     return results
 
 
-@pytest.mark.parametrize("pattern", ["random", "clustered"])
-def test_concurrent_paths_eager_and_in_graph(rng, monkeypatch, pattern):
+@pytest.mark.parametrize("case", ["random", "clustered", "windows", "htk", "dense"])
+def test_eager_and_graph_replays(rng, monkeypatch, case):
     """With a KV-major path the KV-major launches run on the plan's side stream beside the query-major
-    kernel (a fork and a join of the caller's stream; src/cuda/runtime/stream_fork.h). `random`: request
-    0's tiles (63 blocks to pick from) go KV-major, request 1's (8 blocks) query-major; `clustered`: mostly
-    query-major tiles (a pool of 24 blocks per query block), the KV-major launches finding little or nothing
-    to do. The results are bitwise those of the serial order (MSA_SM90_KV_CONCURRENT=0), eagerly on a
-    non-default stream and in every replay of a CUDA graph that captured the call (NaN-poisoned before
-    each), and close to the reference."""
-    prob = problem(rng, [600, 300], [8000, 900], pattern=pattern)
-    t = mt.to_torch(prob, DEV, torch.bfloat16)
-    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "0")
-    serial = run_gpu(plan_for(prob, monkeypatch), prob, t)
-    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "1")
-    for run in eager_and_replays(plan_for(prob, monkeypatch), prob, t):
-        np.testing.assert_array_equal(run[0], serial[0])
-        np.testing.assert_array_equal(run[1], serial[1])
-    o_ref, lse_ref = mt.ref_attention(prob)
-    mt.assert_close(serial[0], o_ref)
-    mt.assert_lse_close(serial[1], lse_ref)
-
-
-@pytest.mark.parametrize("case", ["windows", "serial", "dense", "htk"])
-def test_pdl_chain_is_bitwise_plain_order(rng, monkeypatch, case):
-    """The launches that follow a kernel of the run use programmatic dependent launch (each kernel waits for its
-    predecessor before its first read; PrefillState::pdl). Bitwise the plain stream order (MSA_SM90_PDL=0),
-    eagerly and in graph replays, and close to the reference. windows: the KV-major path over 3 windows
-    (scan -> fill -> KV-major kernel, merge -> next window's KV-major kernel) on the side stream beside the
-    query-major kernel (after the lists on the caller's stream, as in serial: MSA_SM90_KV_CONCURRENT=0);
-    dense: the query-major kernel right after the schedule; htk: windows with the [Hkv, T, topk] index layout."""
-    prob = problem(rng, [600, 300], [8000, 900], pattern=None if case == "dense" else "random",
+    kernel (a fork and a join of the caller's stream; src/cuda/runtime/stream_fork.h), and the launches that
+    follow a kernel of the run use programmatic dependent launch (src/cuda/prefill_sm90/launch.h). Eagerly on
+    a non-default stream and in every replay of a CUDA graph that captured the call (NaN-poisoned before
+    each): the same bits, close to the reference. random: request 0's tiles (63 blocks to pick from) go
+    KV-major, request 1's (8 blocks) query-major; clustered: mostly query-major tiles (a pool of 24 blocks per
+    query block), the KV-major launches finding little or nothing to do; windows: the KV-major path over 3
+    windows (scan -> fill -> KV-major kernel, merge -> next window's KV-major kernel); htk: windows with the
+    [Hkv, T, topk] index layout; dense: the query-major kernel right after the schedule."""
+    prob = problem(rng, [600, 300], [8000, 900], pattern={"clustered": "clustered", "dense": None}.get(case, "random"),
                    **(dict(index_layout="HTK") if case == "htk" else {}))
     t = mt.to_torch(prob, DEV, torch.bfloat16)
-    monkeypatch.setenv("MSA_SM90_KV_CONCURRENT", "0" if case == "serial" else "1")
-    window_tiles = 80 if case in ("windows", "htk") else None
-    monkeypatch.setenv("MSA_SM90_PDL", "0")
-    plain = run_gpu(plan_for(prob, monkeypatch, window_tiles=window_tiles), prob, t)
-    monkeypatch.setenv("MSA_SM90_PDL", "1")
-    monkeypatch.setenv("MSA_SM90_PDL_KV", "1")
-    plan = plan_for(prob, monkeypatch, window_tiles=window_tiles)
+    plan = plan_for(prob, monkeypatch, window_tiles=80 if case in ("windows", "htk") else None)
     if case == "windows":
         assert plan.describe()["windows"] == "3", plan.describe()
-    for run in eager_and_replays(plan, prob, t):
-        np.testing.assert_array_equal(run[0], plain[0])
-        np.testing.assert_array_equal(run[1], plain[1])
+    runs = eager_and_replays(plan, prob, t)
+    for run in runs[1:]:
+        np.testing.assert_array_equal(run[0], runs[0][0])
+        np.testing.assert_array_equal(run[1], runs[0][1])
     o_ref, lse_ref = mt.ref_attention(prob)
-    mt.assert_close(plain[0], o_ref)
-    mt.assert_lse_close(plain[1], lse_ref)
+    mt.assert_close(runs[0][0], o_ref)
+    mt.assert_lse_close(runs[0][1], lse_ref)
 
 
 @pytest.mark.parametrize("pattern", ["clustered", None])
@@ -301,40 +277,23 @@ def test_tile_list_sizes(rng, monkeypatch, group, num_kv_heads, topk, mode):
     assert not np.isnan(o).any()
 
 
-@pytest.mark.parametrize("tma_store", ["0", "1"])
 @pytest.mark.parametrize("group,num_kv_heads", [(8, 2), (16, 2), (32, 1)])
-def test_kvmajor_partial_stores(rng, monkeypatch, tma_store, group, num_kv_heads):
-    """KV-major partial outputs through TMA stores (boxes of 8 rows when G = 8, 16 rows above) and
-    through direct stores, over several windows."""
-    monkeypatch.setenv("MSA_SM90_KV_TMA_STORE", tma_store)
+def test_kvmajor_partial_stores(rng, monkeypatch, group, num_kv_heads):
+    """KV-major partial outputs through TMA stores (boxes of 8 rows when G = 8, 16 rows above), over several
+    windows."""
     prob = problem(rng, [300, 70], [2200, 70], group=group, num_kv_heads=num_kv_heads, pattern="random")
     check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
 
 
-@pytest.mark.parametrize("stripes", ["4", "8"])
-def test_kv_key_stripes(rng, monkeypatch, stripes):
-    """The rank pass's 4 and 8 counters per key (plans pick 8 only for windows of at most 512 keys, so these
-    small problems would never see 4 without the override), over several windows."""
-    monkeypatch.setenv("MSA_SM90_KEY_STRIPES", stripes)
-    prob = problem(rng, [300, 70], [2200, 70], pattern="random")
-    check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=24), prob)
-
-
-@pytest.mark.parametrize("tail", ["1x1", "2x2", "1000x4"])
-def test_kv_tail_parts(rng, monkeypatch, tail):
-    """The last work items of a window claimed in parts of 1, 2 or 4 Q tiles (MSA_SM90_KV_TAIL=FxS: the last
-    F x SM-count items; 1000 takes every item), over several windows, at G = 16 and 8 (8 and 16 tokens a
-    tile): within the contract of the reference, and bitwise the results of whole-item claims (a part's
-    jobs are the item's Q tiles, each row's partial computed alone)."""
-    for prob, window in [(problem(rng, [300, 70], [2200, 70], pattern="random"), 24),
-                         (problem(rng, [260], [1500], group=8, pattern="random"), None)]:
-        monkeypatch.setenv("MSA_SM90_KV_TAIL", tail)
-        t = mt.to_torch(prob, DEV, torch.bfloat16)
-        o, lse = check(plan_for(prob, monkeypatch, "kvmajor", window_tiles=window), prob, t)
-        monkeypatch.setenv("MSA_SM90_KV_TAIL", "0x0")
-        whole = run_gpu(plan_for(prob, monkeypatch, "kvmajor", window_tiles=window), prob, t)
-        np.testing.assert_array_equal(o, whole[0])
-        np.testing.assert_array_equal(lse, whole[1])
+@pytest.mark.parametrize("kv_len,stripes", [(2200, "8"), (66000, "4")])
+def test_kv_key_stripes(rng, monkeypatch, kv_len, stripes):
+    """The rank pass's 8 counters per key (windows of at most 512 keys: 19 here) and 4 (more keys: 517, a
+    request of 516 blocks), over several windows. KV-major items span several Q tiles, the last ones of a window
+    claimed in parts (src/cuda/prefill_sm90/config.h kKvTailItemsPerSm: every item of so small a window)."""
+    prob = problem(rng, [100, 70], [kv_len, 70], num_kv_heads=1, pattern="random")
+    plan = plan_for(prob, monkeypatch, "kvmajor", window_tiles=4)
+    assert plan.describe()["key_stripes"] == stripes, plan.describe()
+    check(plan, prob)
 
 
 # The bf16 ids are the ones these cases always had (the rng is seeded from the test id).
@@ -377,15 +336,10 @@ def _sanitizer_case():
     """One small sparse case per path and a dense one: the launches compute-sanitizer watches. Tiles are
     longer than the stage rings (every ring slot and its stage / tile / Q-tile records are reused), one
     tile selects nothing (the query-major path that releases its Q buffer without a product), and
-    KV-major items span several Q tiles, claimed whole (MSA_SM90_KV_TAIL=0x0) and in parts (the default
-    splits every item of so small a window)."""
-    import os
-
+    KV-major items span several Q tiles, claimed in parts (every item of so small a window)."""
     rng = np.random.default_rng(0)
-    for mode, pattern, tail in (("qmajor", "clustered", ""), ("kvmajor", "random", "0x0"), ("kvmajor", "random", ""),
-                                ("auto", None, "")):
+    for mode, pattern in (("qmajor", "clustered"), ("kvmajor", "random"), ("auto", None)):
         os.environ["MSA_SM90_PREFILL"] = mode
-        os.environ["MSA_SM90_KV_TAIL"] = tail
         prob = problem(rng, [70, 9], [1000, 9], pattern=pattern, num_kv_heads=1)
         if pattern:
             prob.block_idx = prob.block_idx.copy()
@@ -394,7 +348,7 @@ def _sanitizer_case():
         o_ref, lse_ref = mt.ref_attention(prob)
         mt.assert_close(o, o_ref)
         mt.assert_lse_close(lse, lse_ref)
-        print(f"{mode:8s} {pattern or 'dense':10s} {tail or 'default':8s} ok", flush=True)
+        print(f"{mode:8s} {pattern or 'dense':10s} ok", flush=True)
 
 
 if __name__ == "__main__":

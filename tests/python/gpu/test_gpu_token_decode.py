@@ -1,8 +1,7 @@
 """The single-token decode kernel (src/cuda/decode/token_kernel.cuh, sm_90) against the float64 reference,
-with either split merge (MSA_PAGED_TOKEN_MERGE=pull|push), and the general paged kernel on the same
-problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per request (and MTP: up to 8 tokens per request at
-G > 8, one CTA or cluster per token), head dim 128, G <= 16, top-k <= 32,
-pages of a multiple of 64 tokens (powers of two and not). Unsorted rows with -1 slots and duplicates,
+and the general paged kernel on the same problems (MSA_PAGED_TOKEN_KERNEL=0): one query token per request
+(and MTP: up to 8 tokens per request at G > 8, one CTA or cluster per token), head dim 128, G <= 16,
+top-k <= 32, pages of a multiple of 64 tokens (powers of two and not). Unsorted rows with -1 slots and duplicates,
 empty rows, qo_len 0 requests (the guessed token row is wrong), lengths that end inside a 64-key tile, prefixes,
 non-causal, the slot-major pool, flat page tables, the [Hkv, T, topk] index layout, bad pages, splits
 forced or fixed, fp16. Outputs are poisoned (NaN) before every run.
@@ -20,15 +19,13 @@ from test_gpu_attention import check, plan_for, problem, run_gpu  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-KERNELS = ["token", "token-push", "general"]
+KERNELS = ["token", "general"]
 
 
 @pytest.fixture(params=KERNELS)
 def kernel(request, monkeypatch):
-    """Which kernel serves the plans made in the test, and the token kernel's split merge (read at plan
-    time; push is the default, pull the alternative kept for comparison)."""
+    """Which kernel serves the plans made in the test (read at plan time)."""
     monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "0" if request.param == "general" else "1")
-    monkeypatch.setenv("MSA_PAGED_TOKEN_MERGE", "push" if request.param == "token-push" else "pull")
     return request.param
 
 
@@ -115,32 +112,6 @@ def test_bad_pages_do_not_crash(rng, kernel):
     mt.assert_close(o[2:], o_ref[2:])
 
 
-@pytest.mark.parametrize("split", [dict(), dict(max_splits=3), dict(max_splits=2), dict(fixed_split_blocks=5)])
-@pytest.mark.parametrize("group", [16, 12, 1])
-def test_push_merge_is_bitwise_the_pull_merge(rng, monkeypatch, split, group):
-    """Same partial rows, same split order, same arithmetic: the two merges give the same bits (16 / 3 / 2
-    splits, fixed ranges; groups with padding rows and with a single row, so that some CTAs own none)."""
-    prob = decode_problem(rng, [30000, 9000, 700], group=group, num_kv_heads=2, topk=32)
-    tensors = mt.to_torch(prob, "cuda", torch.bfloat16)
-    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1")
-    monkeypatch.setenv("MSA_PAGED_TOKEN_MERGE", "pull")
-    pull_plan = plan_for(prob, **split)
-    o1, l1 = run_gpu(pull_plan, prob, tensors)
-    monkeypatch.setenv("MSA_PAGED_TOKEN_MERGE", "push")
-    push_plan = plan_for(prob, **split)
-    o2, l2 = run_gpu(push_plan, prob, tensors)
-    assert pull_plan.describe()["paged"] == "token" and pull_plan.describe()["merge"] == "pull"
-    # 6 clusters of 2, 3 or 7 CTAs fit the device at one CTA per SM: the plan takes push there. With
-    # 16 splits it takes push only when 6 clusters of 16 fit (else pull at 16, see plan.cu).
-    if split:
-        assert push_plan.describe()["merge"] == "push", push_plan.describe()
-    np.testing.assert_array_equal(o2, o1)
-    np.testing.assert_array_equal(l2, l1)
-    o_ref, lse_ref = mt.ref_attention(prob)
-    mt.assert_close(o2, o_ref)
-    mt.assert_lse_close(l2, lse_ref)
-
-
 @pytest.mark.parametrize("tq", [2, 3, 4, 8])
 @pytest.mark.parametrize("group", [16, 12, 8])
 def test_mtp(rng, kernel, tq, group):
@@ -167,39 +138,3 @@ def test_mtp_offsets_splits_and_spare_rows(rng, kernel, split):
     check(plan_for(prob, max_qo_len=4, **split), prob)
     prob = decode_problem(rng, [500, 129, 64], qo_lens=[1, 2, 1])
     check(plan_for(prob, max_qo_len=4, max_kv_len=4096, **split), prob, extra_q_rows=5)
-
-
-@pytest.mark.parametrize("which", ["token", "general"])
-@pytest.mark.parametrize("layout", ["plain", "flat", "htk", "mtp", "dense"])
-def test_prewait_prefetch_changes_no_bit(rng, monkeypatch, which, layout):
-    """The L2 prefetch before the PDL wait (MSA_PAGED_PREFETCH: 1 index rows, 2 lengths, 4 page-table row;
-    default 7) is a hint: every subset gives the bits of none, in both decode kernels (the general one at G = 8
-    and with the token kernel off), on dense and flat page tables, both index layouts, MTP (where the guessed
-    rows of a ragged batch are wrong) and dense decode."""
-    qo_lens = [3, 1, 0, 2] if layout == "mtp" else None
-    prob = decode_problem(rng, [30000, 9000, 700, 1], qo_lens=qo_lens, topk=16, empty_row_prob=0.1,
-                          group=16 if which == "token" else 8, pattern=None if layout == "dense" else "random",
-                          flat_pages=layout == "flat", index_layout="HTK" if layout == "htk" else "THK")
-    tensors = mt.to_torch(prob, "cuda", torch.bfloat16)
-    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1" if which == "token" else "0")
-    outs = {}
-    for bits in ("0", "1", "2", "4", "7"):
-        monkeypatch.setenv("MSA_PAGED_PREFETCH", bits)
-        plan = plan_for(prob, max_qo_len=4 if layout == "mtp" else 1)
-        if layout != "dense":
-            assert plan.describe()["paged"] == which, plan.describe()
-        outs[bits] = run_gpu(plan, prob, tensors)
-    for bits in ("1", "2", "4", "7"):
-        np.testing.assert_array_equal(outs[bits][0], outs["0"][0])
-        np.testing.assert_array_equal(outs[bits][1], outs["0"][1])
-    o_ref, lse_ref = mt.ref_attention(prob)
-    mt.assert_close(outs["7"][0], o_ref)
-
-
-def test_prewait_prefetch_knob_rejects_bad_values(rng, monkeypatch):
-    prob = decode_problem(rng, [700, 1], topk=16)
-    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "1")
-    for bad in ("8", "-1", "all"):
-        monkeypatch.setenv("MSA_PAGED_PREFETCH", bad)
-        with pytest.raises(ValueError, match=f"MSA_PAGED_PREFETCH.*expected 0..7, got '{bad}'"):
-            plan_for(prob, max_qo_len=1)

@@ -1,0 +1,106 @@
+// The run-time switches (knobs.h): their table and their one parser. docs/knobs.md lists the same table
+// (tests/cpp/test_knobs.cpp checks the names), and no other file of src reads the environment.
+#include "core/knobs.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <string>
+#include <string_view>
+
+#include "msa/error.h"
+
+namespace msa::detail::knobs {
+
+namespace {
+
+constexpr Knob kTable[] = {
+    {"MSA_SM90_PREFILL",
+     {"auto", "qmajor", "kvmajor"},
+     "How the Hopper prefill decomposes sparse tiles: auto picks per tile on the device (KV-major where the "
+     "tile's block union is wide, kKvMajorUnionRatio), qmajor takes every tile query-major, kvmajor every tile "
+     "KV-major (G >= 8; smaller groups stay query-major).",
+     "Benchmarks time each decomposition (bench/prefill.py msa-qmajor / msa-kvmajor, bench/run_host.py); tests "
+     "run their cases under each, since auto sends a small problem almost wholly one way."},
+    {"MSA_SM90_KV_WINDOW_TILES",
+     {nullptr, nullptr, nullptr},
+     "The most tiles of a KV-major window (unset: as many as the 2 GiB budget of partial outputs holds, "
+     "4096 tiles at top-16). Each window is one launch of the KV-major kernel and one of the merge.",
+     "Tests run several windows (window offsets, counters and lists per window) on problems small enough for "
+     "the float64 reference, which otherwise fit one window; benchmarks measured L2-sized windows with it."},
+    {"MSA_PAGED_TOKEN_KERNEL",
+     {"1", "0"},
+     "0: the general paged decode kernel (cp.async + mma.sync, sm_80+) serves the decode plans that the "
+     "single-token kernel would take on sm_90 (one query token per request, or MTP at G > 8; head dim 128, "
+     "G <= 16, top-k <= 32).",
+     "The general kernel is what the A100 and L40S run for those plans: tests check it on the H200, and "
+     "benchmarks compare the two kernels in one process."},
+    {"MSA_INDEXER_PREFILL",
+     {"auto", "portable"},
+     "portable: prefill-shaped block scores on the mma.sync kernel (sm_80+) instead of the sm_90a wgmma "
+     "kernel.",
+     "The mma.sync kernel is what every GPU but sm_90 runs (and sm_90 for fp8 keys): tests check it with "
+     "bf16 keys on the H200, and bench/indexer.py times it (msa-sm80)."},
+    {"MSA_INDEXER_DECODE",
+     {"auto", "stream"},
+     "stream: decode-shaped block scores on the streaming kernel instead of the sm_90 TMA ring.",
+     "The streaming kernel is what every GPU but sm_90 runs (and sm_90 for groups wider than the ring "
+     "takes): tests check it on the H200, and bench/indexer.py --variants times it (msa[stream])."},
+};
+
+constexpr int find(std::string_view name) {
+  for (int i = 0; i < static_cast<int>(std::size(kTable)); ++i)
+    if (name == kTable[i].name) return i;
+  return -1;
+}
+
+// The one parser. A choice knob: the index of the value among its choices (0, the default, when the
+// variable is unset or empty). An integer knob: the value (0 when unset or empty).
+int64_t read(int id, const char* fn) {
+  const Knob& k = kTable[id];
+  const char* v = std::getenv(k.name);
+  if (v == nullptr || *v == 0) return 0;
+  if (k.choices[0] == nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(v, &end, 10);
+    MSA_CHECK(end != v && *end == 0 && errno == 0 && n > 0, kValue, fn, ": environment variable ", k.name,
+              ": expected an integer > 0, got '", v, "'");
+    return n;
+  }
+  std::string expected;
+  int n = 0;
+  while (n < static_cast<int>(std::size(k.choices)) && k.choices[n] != nullptr) {
+    if (std::strcmp(v, k.choices[n]) == 0) return n;
+    ++n;
+  }
+  for (int i = 0; i < n; ++i) expected += std::string(i == 0 ? "" : i + 1 < n ? ", " : " or ") + k.choices[i];
+  MSA_FAIL(kValue, fn, ": environment variable ", k.name, ": expected ", expected, ", got '", v, "'");
+}
+
+constexpr int kPrefill = find("MSA_SM90_PREFILL");
+constexpr int kWindowTiles = find("MSA_SM90_KV_WINDOW_TILES");
+constexpr int kTokenKernel = find("MSA_PAGED_TOKEN_KERNEL");
+constexpr int kIndexerPrefill = find("MSA_INDEXER_PREFILL");
+constexpr int kIndexerDecode = find("MSA_INDEXER_DECODE");
+static_assert(kPrefill >= 0 && kWindowTiles >= 0 && kTokenKernel >= 0 && kIndexerPrefill >= 0 && kIndexerDecode >= 0,
+              "every accessor's variable is in the table");
+
+}  // namespace
+
+std::span<const Knob> table() { return kTable; }
+
+PrefillDecomposition prefill_decomposition(const char* fn) {
+  return static_cast<PrefillDecomposition>(read(kPrefill, fn));  // choices in the enum's order
+}
+
+int64_t kv_window_tiles(const char* fn) { return read(kWindowTiles, fn); }
+
+bool token_decode_kernel(const char* fn) { return read(kTokenKernel, fn) == 0; }
+
+bool indexer_portable_prefill(const char* fn) { return read(kIndexerPrefill, fn) == 1; }
+
+bool indexer_stream_decode(const char* fn) { return read(kIndexerDecode, fn) == 1; }
+
+}  // namespace msa::detail::knobs
