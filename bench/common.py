@@ -160,9 +160,8 @@ def time_flushed(fn, iters: int = 20, warmup: int = 3, graph: bool = True, flush
         run()
     cache = flush_buffer(flush_bytes)
     if not _LEAD["done"]:
-        # The first configuration timed in a process read ~3% slow whatever it ran (prefill variants in one
-        # process, docs/prefill.md fifteenth session): the process's first timing is taken twice, the first
-        # discarded.
+        # The first configuration timed in a process reads ~3% slow whatever it runs (prefill variants in one
+        # process): the process's first timing is taken twice, the first discarded.
         _LEAD["done"] = True
         median_back_to_back(run, iters, before=cache.zero_)
     return median_back_to_back(run, iters, before=cache.zero_)

@@ -110,7 +110,8 @@ class Inputs:
         ppr = math.ceil(int(w.kv_lens.max()) / P)
         perm = torch.randperm(pool.pages, device=DEV, generator=gen)[:B * ppr]
         self.page_table = perm.view(B, ppr).to(torch.int32).contiguous()
-        # The same rows as the flat table sglang's drop-in used to pass (kv_page_indptr = b * ppr).
+        # The same rows as a flat table (kv_page_indptr = b * ppr), the form any page buffer other than
+        # sglang's dense [B, max_pages] one takes (--page-table flat).
         self.page_indptr = torch.arange(0, (B + 1) * ppr, ppr, device=DEV, dtype=torch.int32)
         self.pos = (torch.from_numpy(np.repeat(w.kv_lens, n)).to(DEV)
                     - n + torch.arange(n, device=DEV).repeat(B)).to(torch.int64)

@@ -420,8 +420,8 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
             return None, {}
         rest = settle()
         with watchdog(300):
-            # The graph first, on the rested board (the eager calls after it: in 6271ba1's run of record, timed
-            # eager-first, the graph replays of the long rows ran 2-11% slower than the eager calls before them).
+            # The graph first, on the rested board (the eager calls after it: timed eager-first, the graph
+            # replays of the long rows ran 2-11% slower than the eager calls before them).
             extra = {}
             with opts.monitor.window() as w:
                 try:

@@ -9,7 +9,7 @@
 # bench/NAME.py with the full section set and source counters into ncu_NAME.ncu-rep, and exports its
 # details and per-line source page (SASS with CUDA lines) as text beside it (a second ncu stage's files end
 # in _2, a third's in _3), e.g.
-#   ncu=paged_attention@decode:--only,D-B1,--iters,3
+#   ncu=token_decode_kernel@decode:--only,D-B1,--iters,3
 # e.g. MSA_COMMIT=<sha as git shows it here> scripts/device_check.sh build test bench=decode:--quick
 # (set MSA_COMMIT from this machine: the copy of the tree on the device carries a stale .git, if any)
 set -uo pipefail
@@ -39,8 +39,8 @@ for stage in "$@"; do
     test|test=*)
       args=${stage#test}; args=${args#=}
       # The CPU tests too (no -m gpu): the device's toolchain and Python differ from CI's (its /opt/gcc links
-      # libstdc++ statically, which crashed repr(msa.Plan) and every error message with a number until the
-      # module hid those symbols; only the CPU tests exercise them).
+      # libstdc++ statically, which crashes repr(msa.Plan) and every error message with a number unless the
+      # module hides those symbols; only the CPU tests exercise them).
       step "pytest $args"
       python3 -m pytest -q -rs -p no:cacheprovider ${args:-tests/python} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;

@@ -1,9 +1,9 @@
 """How long a CUDA graph's replay takes to start behind the L2 flush, by graph shape (docs/prefill.md,
-seventeenth session). time_flushed (the prefill rows' timing) records its start event after the 256 MiB
-memset and replays the graph behind it; the prefill timelines put the graph's first kernel ~4 us after the
-memset's end. This times graphs of tiny kernels the same way: one kernel, a chain of N, and a chain that
-forks onto a second stream and joins back (the shape of a sparse prefill plan with its KV-major side
-stream), so that the start cost of a graph can be told from that of msa's kernels.
+"`shared` and dense: the query-major kernel"). time_flushed (the prefill rows' timing) records its start
+event after the 256 MiB memset and replays the graph behind it; the prefill timelines put the graph's
+first kernel ~4 us after the memset's end. This times graphs of tiny kernels the same way: one kernel, a
+chain of N, and a chain that forks onto a second stream and joins back (the shape of a sparse prefill plan
+with its KV-major side stream), so that the start cost of a graph can be told from that of msa's kernels.
 
     python3 bench/micro/graph_start.py [--iters 50]
 """

@@ -2,7 +2,7 @@
 // kernel issues, src/cuda/decode/token_kernel.cuh) against one bulk copy (the TMA's 1-D cp.async.bulk) per
 // 256-byte K or V row. At M3-TP1 D-B1 each of 64 CTAs loads one 128-key block of one KV head (two 64-key
 // tiles, K and V: 64 KiB) after its list is built, and the token trace puts tile 0 ~2700 cycles and tile 1
-// ~1000 more after the list (docs/decode.md, ninth session): 32 KiB per ~1000 cycles, the ~65 GB/s per SM
+// ~1000 more after the list (docs/decode.md, "Where the time goes"): 32 KiB per ~1000 cycles, the ~65 GB/s per SM
 // at which thread loads stop (bench/micro/sm_read_rate.cu), where bulk copies
 // reached 136-174 GB/s per SM on few SMs. This measures the landing times themselves, cold.
 //

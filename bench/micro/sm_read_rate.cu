@@ -1,8 +1,8 @@
 // HBM read rate of K SMs, the rest idle: how many SMs a memory-bound merge needs beside a compute-bound
-// kernel. The KV-major prefill path reads its partial outputs back in a separate merge (80 us of a 305 us
-// M3-TP4 P-chunk `random` call, docs/prefill.md "Next steps" 1) while the KV-major kernel, on every SM,
-// leaves ~2/3 of the DRAM bandwidth unused. A merge on a few SMs, concurrent with a KV-major kernel on
-// the others, pays off only if a few SMs can read near the ceiling: this measures it.
+// kernel. The KV-major prefill path reads its partial outputs back in a separate merge (~77 us of a 261 us
+// M3-TP4 P-chunk `random` call, docs/prefill.md "`random`: the KV-major chain") while the KV-major kernel,
+// on every SM, leaves ~2/3 of the DRAM bandwidth unused. A merge on a few SMs, concurrent with a KV-major
+// kernel on the others, pays off only if a few SMs can read near the ceiling: this measures it.
 //
 // One CTA per SM (the dynamic shared memory forbids two), K CTAs, each reading its own contiguous
 // 16 MiB slice of a 2 GiB buffer (cold: a 256 MiB memset runs before each timed launch):

@@ -43,9 +43,9 @@ constexpr OpaqueNumpyDtype kOpaqueNumpyDtypes[] = {
 // DLPack's C exchange API (DLPack >= 1.2; torch >= 2.10 sets it on its tensor type): a tensor's description
 // and its framework's current stream through C function pointers. On the H200 machine t.__dlpack__(), which
 // nanobind's import calls, takes ~2.5 us per torch tensor and torch.cuda.current_stream() ~4 us, so that an
-// eager msa.attention spent ~24 us of its ~37-59 us of host time there (bench/run_host.py,
-// run_host-20261130-*.md). The layout below is DLPack 1.x's DLPackExchangeAPI (the header of a DLPack
-// <= 1.1 install does not declare it).
+// eager msa.attention would spend ~24 us of its ~37-59 us of host time there (bench/run_host.py). The
+// layout below is DLPack 1.x's DLPackExchangeAPI (the header of a DLPack <= 1.1 install does not declare
+// it).
 struct ExchangeApiV1 {
   struct {
     uint32_t major, minor;

@@ -27,7 +27,7 @@ __device__ __forceinline__ float lse_weight(float lse, float m) {
 
 // lse_weight with its exp2 taken unconditionally (the same bits): for the unrolled loops of the cluster
 // merges, where written as lse_weight under a branch the compiler put a divergence region around
-// each exp2, 16 in a row (~1800 cycles of the push merge at D-B1, token_trace at 1919488).
+// each exp2, 16 in a row (~1800 cycles of the push merge at D-B1, token_trace).
 __device__ __forceinline__ float lse_weight_eager(float lse, float m) {
   const float e = arch::exp2_approx((lse - m) * kLog2e);
   return lse == m ? 1.f : e;
@@ -37,8 +37,8 @@ __device__ __forceinline__ float lse_weight_eager(float lse, float m) {
 // or is NaN: there MUFU.RCP and MUFU.LG2 are within 2 ulp (no denormal, no overflow), and they leave
 // out the IEEE division's and logf's range checks and slow-path calls (with the tail's divisions by S
 // through the host's magic: 208 -> 102 instructions from the last MMA to the sends at D-B1, D-B1
-// 6.66-6.75 -> 6.32 us, bench/results/decode-20261130-d0c4268-ab.md). Every split merge of the paged
-// family (workspace, cluster pull, cluster push) takes these, so the three stay bitwise equal.
+// 6.66-6.75 -> 6.32 us on the H200). Every split merge of the paged family (workspace, cluster pull,
+// cluster push) takes these, so the three stay bitwise equal.
 __device__ __forceinline__ float merge_inv(float sum) { return __fdividef(1.f, sum); }
 __device__ __forceinline__ float merge_log(float sum) { return __logf(sum); }
 

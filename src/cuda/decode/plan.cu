@@ -183,16 +183,16 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   // up to 120.7 KB otherwise) may fit fewer clusters than the pull merge's ~104 KB. Push saves ~2 us
   // a call (D-B1 7.2 vs 9.2 us); a block more per CTA costs about 1-1.5 us. So a plan takes push with
   // the most splits whose clusters all fit when that adds at most one block per CTA to pull's split
-  // count, else pull (H200, c50e0f4 / d07921b, M3-TP4, push at 120.7 KB: D-B32 push at 2 splits 19.35
-  // us, pull at 4 splits 17.41; D-B8 push at 8 splits 8.80 us, pull at 16 splits 11.58; with the
-  // receive rows sized by S, D-B32 takes push at 4 splits: 14.8-15.1 us, decode-20261130-d0c4268-ab.md).
+  // count, else pull (H200, M3-TP4, push at 120.7 KB: D-B32 push at 2 splits 19.35 us, pull at 4
+  // splits 17.41; D-B8 push at 8 splits 8.80 us, pull at 16 splits 11.58; with the receive rows sized
+  // by S, D-B32 takes push at 4 splits: 14.8-15.1 us).
   bool push_fits = false;
   // Splits: fixed-size ranges when asked (batch-invariant; the kernel serves such a plan only when
   // top-k / F ranges always fit one cluster, so the choice does not depend on the batch or the
   // lengths), else one CTA per SM, in clusters that all fit the device at once. One CTA per SM, not
   // the two that fit: M3-TP1 D-B32 (128 items) ran 37.35 us unsplit against 38.94 us with 2 splits;
   // M3-TP4 D-B32 (32 items) 17.04 us with 4 splits, 19.17 with 2, 28.68 with 1; D-B1 10.23 us with
-  // 16 and 10.33 with 8 (H200, bench/results/decode-20261129-aeb7545-token-splits.md).
+  // 16 and 10.33 with 8 (H200).
   const int64_t items = static_cast<int64_t>(plan.batch_size()) * tq * c.num_kv_heads;
   const int64_t n_max = std::min<int64_t>(c.topk, std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1));
   const SplitOptions& so = plan.split_options();

@@ -1,9 +1,9 @@
 // The decode kernels' L2 prefetch before their PDL wait (KernelParams::prewait_prefetch). Launched with PDL,
 // a decode grid is resident while the previous kernel of the stream runs; its first trips (the block indexes
-// of its guessed token rows with the request's lengths, then the selected blocks' page ids) were cold DRAM
-// reads after the wait. Warp 0 names their lines to the L2 first. A prefetch reaches neither registers nor
-// the L1, and the L2 is the device's point of coherence, so a line the previous kernel writes after it is read
-// fresh after the wait: nothing is read early (docs/decode.md).
+// of its guessed token rows with the request's lengths, then the selected blocks' page ids) would be cold
+// DRAM reads after the wait. Warp 0 names their lines to the L2 first. A prefetch reaches neither registers
+// nor the L1, and the L2 is the device's point of coherence, so a line the previous kernel writes after it is
+// read fresh after the wait: nothing is read early (docs/decode.md).
 #pragma once
 
 #include <cstdint>

@@ -35,8 +35,8 @@ constexpr uint32_t kTokenSmemBytes = kTokenSmemCount + 16u;
 // and the max), and last the rows the other splits send: S * ceil(16 / S) of them (16 for S = 2, 4,
 // 8, 16; at most 30). Sized by S, a power-of-two split count takes 112.7 KB, so two CTAs share an SM
 // (2 x (112.7 + 1) KB <= 228 KB) and clusters fit as the pull merge's do (M3-TP4 D-B32: 32 clusters
-// of 4 fit with 112.7 KB, not with the 120.7 KB of 32 receive rows, which sent that plan to the
-// pull merge and its ~3 us tail, token_trace at 1d2f8c6).
+// of 4 fit with 112.7 KB, not with the 120.7 KB of 32 receive rows, which would send that plan to
+// the pull merge and its ~3 us tail, token_trace).
 constexpr int kTokenRecvRows = 32;
 constexpr uint32_t kTokenSmemMergeBar = kTokenSmemBytes;
 constexpr uint32_t kTokenSmemRecvLse = kTokenSmemMergeBar + 16u;

@@ -56,17 +56,17 @@ struct TokenTile {
   int32_t pad;
 };
 
-// The push merge (kPushMerge, S > 1; D-B1 10.24 -> 8.42 us against the pull merge, same run).
-// The pull merge of split_merge.cuh costs two cluster barriers: every CTA waits for the
-// slowest split, reads the other splits' rows through distributed shared memory, and then waits until
-// every CTA is done reading its own rows before it may exit (D-B1: 52% of the warp samples sat at
-// those barriers under ncu). Here each CTA owns rows r = rank + jS as before, but the other splits
-// send it those rows with st.async, which completes bytes on the owner's mbarrier: a sender exits as
-// soon as its stores are issued (they read registers, not its shared memory), and an owner merges as
-// soon as its own rows have arrived, from its own shared memory. One cluster barrier remains, split
-// into an arrive at the start (after the mbarrier's init) and a wait before the first send, by which
-// time every CTA of the cluster has long arrived. The merge arithmetic is merge_splits_in_cluster's,
-// in the same split order, so the result is bitwise the pull merge's.
+// The push merge (kPushMerge, S > 1; D-B1 10.24 -> 8.42 us against the pull merge, same run). The pull
+// merge of split_merge.cuh costs two cluster barriers: every CTA waits for the slowest split, reads the
+// other splits' rows through distributed shared memory, and then waits until every CTA is done reading
+// its own rows before it may exit (D-B1: 52% of the warp samples sat at those barriers under ncu). Here
+// each CTA owns rows r = rank + jS as in the pull merge, but the other splits send it those rows with
+// st.async, which completes bytes on the owner's mbarrier: a sender exits as soon as its stores are
+// issued (they read registers, not its shared memory), and an owner merges as soon as its own rows have
+// arrived, from its own shared memory. One cluster barrier remains, split into an arrive at the start
+// (after the mbarrier's init) and a wait before the first send, by which time every CTA of the cluster
+// has long arrived. The merge arithmetic is merge_splits_in_cluster's, in the same split order, so the
+// result is bitwise the pull merge's.
 //
 // The owner merges in two steps. (A) One warp per owned row takes the max of the split lse values
 // (a butterfly; merge_splits_in_cluster's fold in split order gives the same value, see below) and
@@ -77,8 +77,8 @@ struct TokenTile {
 // merge_splits_in_cluster's arithmetic in its order, so the bits are the pull merge's: a skipped split
 // (lse = -inf, or s >= S) has weight 0 and value 0 (a sender with no key sends zeros), and adds
 // fmaf(0, 0, acc) = acc (acc starts at +0 and is never -0). Written as one loop per thread, with the
-// weights under a branch, this merge took ~1800 cycles at D-B1 (token_trace at 1919488): 16
-// divergence regions in a row around the exp2s, ~470 dependent instructions per thread.
+// weights under a branch, this merge took ~1800 cycles at D-B1 (token_trace): 16 divergence
+// regions in a row around the exp2s, ~470 dependent instructions per thread.
 template <int D, int W, typename RealRow, typename Emit>
 __device__ __forceinline__ void push_merge_receive(const float* recv_o, const float* recv_lse, float* merge_w, int S,
                                                    int rank, int rows_per_split, int owned, const RealRow& real,
@@ -88,7 +88,7 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
   // The splits a W variant can see: it serves owned = ceil(G / S) rows (the caller's dispatch) with G <= 16, so
   // owned >= 5 (W = 8) means S <= 3, owned 3..4 (W = 4) S <= 7, owned 2 (W = 2) S <= 15. (B) runs that many
   // split steps instead of 16: the ones it leaves out added fmaf(0, 0, acc) = acc and sum + 0, so the bits
-  // are the same (M3-TP4 D-B64's merge at S = 2 took ~1850 cycles with 16, token-trace-20261130-615cc6b).
+  // are the same (M3-TP4 D-B64's merge at S = 2 took ~1850 cycles with 16 steps, token_trace).
   static_assert(kTokenRows <= 16 && kMaxClusterSplits == 16, "the split bounds below assume G <= 16");
   constexpr int kSplitSteps = W == 8 ? 4 : W == 4 ? 8 : 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -194,9 +194,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   int32_t entry = -1;
   if (warp == 0 && lane < topk && x_cta < p.seqs.total_q) entry = read_entry(x_cta);
   // The request's rows, lengths and page-row bounds, read in the same round trip as the guessed index
-  // row, so that the page reads below leave after one round trip (in 7454849 they left after three:
-  // ptxas sank the length loads past the early return, which came first; now every one of them is
-  // used before that return).
+  // row, so that the page reads below leave after one round trip. Every one of them is used before the
+  // early return of an empty token: otherwise ptxas sinks the length loads past that return and the
+  // page reads leave after three round trips.
   const int32_t qo_a = p.seqs.qo_indptr[b], qo_c = p.seqs.qo_indptr[b + 1];
   const int32_t pg_a = p.pages.indptr ? p.pages.indptr[b] : 0, pg_c = p.pages.indptr ? p.pages.indptr[b + 1] : 0;
   // request_rows' clamp in 32 bits (qo_indptr holds int32, so total_q past INT32_MAX clamps nothing more):
@@ -393,13 +393,13 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The cluster barrier's wait (every CTA of the cluster has initialized its merge barrier) taken
     // while the first K/V tiles are in flight: at the sends it cost ~600 cycles of the D-B1 tail
-    // (token_trace at d07921b, normalize included); every CTA arrived at its start long before.
+    // (token_trace, normalize included); every CTA arrived at its start long before.
     if (S > 1) arch::cluster_wait();
 #endif
   }
   // The push merge's destinations of this thread's two rows (owner CTA, slot, mapped addresses), found
-  // now while the tiles fly: at the sends they were ~330 instructions with the normalize (integer
-  // divisions by S, mapa), ~585 cycles of the D-B1 tail (token_trace at d07921b).
+  // here while the tiles fly: at the sends they are ~330 instructions with the normalize (integer
+  // divisions by S, mapa), ~585 cycles of the D-B1 tail (token_trace).
   // (Unused where the push merge is compiled out: the pull instantiation, sm_80, the host pass.)
   [[maybe_unused]] float* send_o[2] = {nullptr, nullptr};
   [[maybe_unused]] float* send_lse[2] = {nullptr, nullptr};
@@ -636,7 +636,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #ifdef MSA_TOKEN_TRACE
     // The same code twice (one copy, not unrolled): mark 15 after the first pass, 16 after the second,
     // whose instructions are in the instruction cache - how much of the merge is code fetch. (A second
-    // inlined copy, as traced up to 0a2574e, was as cold as the first.)
+    // inlined copy traces as cold as the first, hence one copy run twice.)
 #pragma unroll 1
     for (int rep = 0; rep < 2; ++rep) {
 #endif

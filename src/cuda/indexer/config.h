@@ -31,9 +31,9 @@ inline constexpr int kRingConsumerWarps = 4;
 inline constexpr int kRingThreads = 32 * (kRingConsumerWarps + 1);
 inline constexpr int kRingBytes = 224 * 1024;
 // Blocks per work item (request, chunk of blocks, index-K head); items go round-robin over the CTAs.
-// H200, B=64 x 512 blocks (run of 2026-11-29, 6 bf16 / 11 fp8 stages): bf16 2 blocks 266 us vs 4: 266-273
-// vs 8: 268-270; fp8 4 blocks 150-152 us vs 2: 160-163 vs 8: 176-177 (an fp8 block is half the bytes
-// and its per-item query load and conversion weigh more). With 7 / 13 stages (second run): bf16 264 us
+// H200, B=64 x 512 blocks (with 6 bf16 / 11 fp8 stages): bf16 2 blocks 266 us vs 4: 266-273 vs 8:
+// 268-270; fp8 4 blocks 150-152 us vs 2: 160-163 vs 8: 176-177 (an fp8 block is half the bytes and its
+// per-item query load and conversion weigh more). With 7 / 13 stages, in another run: bf16 264 us
 // (0.99 of the copy ceiling), fp8 149 us (0.90).
 inline constexpr int kRingItemBlocks16 = 2;
 inline constexpr int kRingItemBlocksF8 = 4;
@@ -48,10 +48,10 @@ inline constexpr int kSm90Rows = 64 * kSm90ConsumerWarpgroups;
 inline constexpr int kSm90Threads = 128 * kSm90ConsumerWarpgroups + 32;  // + one producer warp
 inline constexpr int kSm90Stages = 4;                                     // 4 x 32 KB of keys + 64 KB of q
 // Blocks per work item along the keys: no reduction crosses blocks, so splitting keys over CTAs is free
-// and keeps P-chunk (64 tiles) from leaving SMs idle. H200, P-32K (run of 2026-11-29): 128 blocks beat 64
-// by 1-4% (HKT 1235 vs 1285 us; fewer 64 KB query loads and pipeline fills) and 32 by 4-6%.
+// and keeps P-chunk (64 tiles) from leaving SMs idle. H200, P-32K: 128 blocks beat 64 by 1-4% (HKT 1235
+// vs 1285 us; fewer 64 KB query loads and pipeline fills) and 32 by 4-6%.
 inline constexpr int kSm90RangeBlocks = 128;
-// The portable kernel's range (not re-measured since the sm_90a kernel moved to 128).
+// The portable kernel's range (the sm_90a kernel's measurement above was not repeated for it).
 inline constexpr int kPrefillRangeBlocks = 64;
 
 // ---- Prefill scores, portable (scores_portable.cuh, mma.sync, sm_80+; also fp8 keys on sm_90).

@@ -32,7 +32,8 @@ __device__ __forceinline__ void store_float(void* base, ScalarType t, int64_t i,
 }
 
 // Columns per (token, head): head_dim, or one that writes only lse_out when head_dim is 0 (parts of no
-// values still merge their lse, as the CPU backend does; found by tests/python/test_gpu_fuzz_ops.py).
+// values still merge their lse, as the CPU backend does; tests/python/fuzz/test_gpu_fuzz_ops.py draws
+// head dim 0).
 __host__ __device__ __forceinline__ int merge_columns(const MergeParams& p) {
   return p.head_dim > 0 ? p.head_dim : (p.lse_out != nullptr ? 1 : 0);
 }

@@ -21,9 +21,9 @@ inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 
 // Query-major rings: Q tiles, K blocks and V blocks (32 KiB each, bf16). Two Q buffers let the next
 // tile's Q land while the current tile runs, so the next tile's first QK^T can go out with the current
-// tile's last PV; 2 x Q + 3 x K + 2 x V = 224 KiB of the 227 KiB a CTA may have. Measured (H200, M3-TP1,
-// prefill-20261130-61f06c9-cross-tile-ab.md): dense +4% (P-32K 545 -> 566-576 TFLOP/s); `shared`
-// unchanged until the scheduler warp below removed the wait for the next tile's first K.
+// tile's last PV; 2 x Q + 3 x K + 2 x V = 224 KiB of the 227 KiB a CTA may have. Measured (H200, M3-TP1):
+// dense +4% (P-32K 545 -> 566-576 TFLOP/s); `shared` unchanged by this alone: it gains with the
+// scheduler warp below, which removes the wait for the next tile's first K.
 // At ~600 TFLOP/s over 132 SMs one block (128 rows x 128 keys x 128 x 4 FLOP = 8.4 MFLOP) takes
 // ~1.9 us: 3 K stages give the producer ~4 us to land a K block fetched from a random page, and a V
 // block is read one step after its K, so 2 V stages give it as long.
@@ -33,9 +33,9 @@ inline constexpr int kVStages = 2;
 // The scheduler warp claims the next tile when warp 0 issues the current tile's block
 // nblocks - kTileLookaheadBlocks: its ~5 dependent trips (~3-4 us) then run while the consumers work
 // through ~kTileLookaheadBlocks + kStages block-steps (~1.9 us each at M3) of the current tile.
-// Measured on the H200 (M3-TP1, bench/results/prefill-20261130-*-lookahead-ab.md): the scheduler warp
-// lifted `shared` 511-517 -> 522-543 TFLOP/s at P-chunk and `clustered` by ~5%; leads of 2, 3 and 6
-// blocks were within the spread of each other. The KV-major kernel uses the same lead in Q tiles.
+// Measured on the H200 (M3-TP1): the scheduler warp lifted `shared` 511-517 -> 522-543 TFLOP/s at
+// P-chunk and `clustered` by ~5%; leads of 2, 3 and 6 blocks were within the spread of each other.
+// The KV-major kernel uses the same lead in Q tiles.
 inline constexpr int kTileLookaheadBlocks = 3;
 
 // The half of a row that one 128B-swizzled TMA box and one wgmma K-major atom cover: 64 bf16.
@@ -71,8 +71,8 @@ inline constexpr int kKvMinGroup = 8;
 inline constexpr int kKvItemTokens = 64;
 // The end of a KV-major window: its last kKvTailItemsPerSm x (SM count) work items are claimed in parts
 // of kKvTailSubTiles Q tiles (kv_scheduler), so that the CTAs run out of work together. Whole items (8 Q
-// tiles at M3, ~20 us each) claimed in order left CTAs idle for up to an item at the end, and the calls
-// varied with the claim order: M3-TP4 P-chunk `random` timed calls of one run spread over 264-278 us. H200,
+// tiles at M3, ~20 us each) claimed in order leave CTAs idle for up to an item at the end, and the calls
+// vary with the claim order: M3-TP4 P-chunk `random` timed calls of one run spread over 264-278 us. H200,
 // one process, alternating variants: whole items 276.4-276.7 us; parts of 2 tiles of the last 1, 2, 3 x 132
 // items 270.6 / 264.4-264.7 / 263.5-263.9; 4 tiles of the last 2 / 4 x 132 266.6-266.8 / 265.5-266.2; single
 // tiles 271.4 (a part's claim chain no longer hides behind its jobs). M3-TP1 (4x the items) 920-921 -> 915.5.
@@ -90,7 +90,7 @@ inline constexpr int kKvSubwindowTiles = 512;
 // Counters per KV-major key in the rank pass (kvmajor_lists.cu, key_stripe), at most kKeyStripes: a plan
 // uses 8 where a window has at most kKeyStripesWideKeys keys, else 4 (one 16-byte load per key in the scan
 // and the fill instead of two). M3-TP4 P-chunk `random` (256 keys): rank pass 9 -> 6 us with 8; M3-TP1
-// P-chunk (1024 keys): rank pass unchanged, scan 5 -> 8 us (e83dfbf's timelines).
+// P-chunk (1024 keys): rank pass unchanged, scan 5 -> 8 us (H200, `bench/prefill.py --timeline`).
 inline constexpr int kKeyStripes = 8;
 inline constexpr int kKeyStripesWideKeys = 512;
 // Partial outputs of one window (bf16: 256 B per (token, slot, head)); windows of canonical tiles

@@ -94,7 +94,7 @@ __device__ __forceinline__ int32_t items_of(int32_t n) { return (n + kKvItemToke
 
 // The count of key k: the sum of its 4 or 8 stripes (one or two 16-byte loads; each window's row of
 // key_span * stripes counts starts 16-byte aligned, the buffer being one cudaMalloc). The pitch is the
-// counters used: one-int4 reads at a pitch of 8 cost the M3-TP1 P-chunk scan 5.3 -> 7.5 us (91c1ab6).
+// counters used: one-int4 reads at a pitch of 8 cost the M3-TP1 P-chunk scan 5.3 -> 7.5 us (H200).
 __device__ __forceinline__ int32_t key_total(const int32_t* count, int32_t k, bool wide) {
   const int4* c = reinterpret_cast<const int4*>(count + static_cast<int64_t>(k) * (wide ? 8 : 4));
   const int4 a = c[0];
@@ -148,13 +148,13 @@ __device__ __forceinline__ int32_t find_request(const int32_t* cum, int32_t from
 // every store of a warp hit 32 lines. The next pass's counts are loaded before this pass is scanned;
 // blk_cum sits in shared memory, and a thread looks a request up only when its key leaves the last
 // one it found.
-// The first form, one CTA per window, 256 threads and one key each, a dependent load of count[k], a
-// scan, a binary search over blk_cum in the global memory and two barriers per 256 keys, was a chain
-// of latency-bound passes: 48 us on H200 at P-chunk `random` (4096 keys, one window), 97 us at P-32K
-// (4 windows of 8192). One CTA per window with 8192 keys a pass and the items staged still took 16 us
-// at P-32K (a window's ~400 KB of items leave through one SM). On synthetic counts shaped like those
-// (~64 entries a key), in CUDA graphs: 4.2 / 4.4 us, the first form 49 / 97 us; outputs are the same
-// bits (offsets of every key, the same items).
+// Chunks instead of one CTA per window: one CTA per window, 256 threads and one key each (a dependent
+// load of count[k], a scan, a binary search over blk_cum in the global memory and two barriers per 256
+// keys) is a chain of latency-bound passes: 48 us on H200 at P-chunk `random` (4096 keys, one window),
+// 97 us at P-32K (4 windows of 8192). One CTA per window with 8192 keys a pass and the items staged
+// still takes 16 us at P-32K (a window's ~400 KB of items leave through one SM). On synthetic counts
+// shaped like those (~64 entries a key), in CUDA graphs: 4.2 / 4.4 us against 49 / 97 us for one CTA
+// per window and one key a thread; outputs are the same bits (offsets of every key, the same items).
 __global__ void __launch_bounds__(kScanThreads, 1) kv_scan_kernel(KvListParams p) {
   using Scan = cub::BlockScan<int4, kScanThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   __shared__ typename Scan::TempStorage scan_tmp;
@@ -328,17 +328,17 @@ __device__ __forceinline__ void unpack8(uint4 raw, float (&x)[8]) {
   }
 }
 
-// A warp merges the rows of two heads of one token at a time: lanes 0-15 the first head, 16-31 the
-// second, lane l dims 8 (l % 16) .. + 7, so each partial row is one 16-byte load a lane and the 16 slots'
-// weights are one lse a lane. The merge is bound by its instructions, not by the HBM: M3-TP4 P-chunk
-// `random` under ncu, 44.1 M warp instructions (673 a row, 42 a slot: 64-bit addresses, shuffles, and
-// conversions of 8 bytes at a time) kept the issue slots 63% busy and the HBM at 67% (90 us); this form
+// A warp merges the rows of two heads of one token at a time: lanes 0-15 the first head, 16-31 the second,
+// lane l dims 8 (l % 16) .. + 7, so each partial row is one 16-byte load a lane and the 16 slots' weights
+// are one lse a lane. The merge is bound by its instructions, not by the HBM: M3-TP4 P-chunk `random` under
+// ncu, one head per warp takes 44.1 M warp instructions (673 a row, 42 a slot: 64-bit addresses, shuffles,
+// and conversions of 8 bytes at a time), the issue slots 63% busy and the HBM at 67% (90 us); this form
 // needs ~18 a slot for twice the bytes: 76 us, issue 37% busy, HBM 79% (same ncu section set; in graph
-// replay the call went 280-282 -> 277-279 us, M3-TP1 P-chunk `random` 925-928 -> 916). All loads of a
-// pair (slot ranks, lse values, the first kMergeSlots partial rows: 8 KB a warp) are issued before any
-// is used, one round trip a pair. Partial rows of slots without a partial are read too (they lie inside
-// the window's buffer) but never used: a slot of weight 0 is skipped, not multiplied, so garbage there
-// cannot reach the sum; sums are taken in slot order, so the result does not depend on timing.
+// replay the call takes 277-279 us against 280-282, M3-TP1 P-chunk `random` 916 against 925-928). All loads
+// of a pair (slot ranks, lse values, the first kMergeSlots partial rows: 8 KB a warp) are issued before any
+// is used, one round trip a pair. Partial rows of slots without a partial are read too (they lie inside the
+// window's buffer) but never used: a slot of weight 0 is skipped, not multiplied, so garbage there cannot
+// reach the sum; sums are taken in slot order, so the result does not depend on timing.
 constexpr int kMergeSlots = 16;
 static_assert(kMaxTopk <= 4 * kMergeSlots && kMaxTopk % kMergeSlots == 0, "a lane holds <= 4 slots' lse");
 static_assert(kKvMinGroup % 2 == 0, "a merge warp takes two heads of one token");

@@ -83,10 +83,10 @@ static_assert(kQMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared m
 // ---------------------------------------------------------------------------------------------
 // Tile claims (warp 1 of the producer warpgroup, "the scheduler"): the next tile's claim, record, Q
 // and the first 32 entries of its block list with their pages, while warp 0 still issues the current
-// tile's K/V. Warp 0 did this itself after a tile's last block: ~5 dependent trips (the claim, the
+// tile's K/V. Done by warp 0 after a tile's last block, a claim is ~5 dependent trips (the claim, the
 // KV-major flag, lengths and count, list entries, pages; ~3-4 us) against the ~3 block-steps
-// (~5.6 us) the consumers still held, a bubble whenever the trips ran long; a 16-block `shared`
-// tile pays it every 16 block-steps. The scheduler starts the next claim when warp 0 issues the
+// (~5.6 us) the consumers still hold, a bubble whenever the trips run long; a 16-block `shared`
+// tile would pay it every 16 block-steps. The scheduler starts the next claim when warp 0 issues the
 // current tile's block nblocks - kTileLookaheadBlocks (not earlier: a tile claimed early waits on a
 // busy CTA while another goes idle at the end of the grid).
 template <bool kSparse>
@@ -94,16 +94,15 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
   const int lane = threadIdx.x & 31;
   const int32_t group = 1 << p.group_shift;
   const int32_t tile_tokens = p.sched.tile_tokens;
-  // The claim's reads go out in as few dependent rounds as their dependences allow: (the claim, the live
+  // The claim's reads go out in as few dependent trips as their dependences allow: (the claim, the live
   // tile count, the listed count), (everything indexed by the tile: its KV-major flag, block count, first
   // 32 list entries read before the count is known, and tile_cum), (the request's lengths), (its pages),
   // with the tile's Q issued once its tokens are known, before the pages. One read after another they
-  // took ~4.5 us from the PDL wait to the first Q at M3-TP4 P-chunk `shared` (qmajor_trace.cuh,
-  // bench/results/traces/qmajor-trace-20261130-1772c72.txt), ~9 dependent trips for every CTA's first tile;
-  // in rounds the row ran 131.3-131.5 -> 130.27 us (prefill-20261130-09f6018-claim-rounds-ab.md). Two rounds
-  // fewer (a CTA's first claim its own index, request 0's lengths read before the PDL wait) measured slower:
-  // prefill-20261130-5e577ca-static-first-claim-ab.md (the first Q and K loads, ~3 us each on a cold L2, are
-  // what the first tile waits for).
+  // take ~4.5 us from the PDL wait to the first Q at M3-TP4 P-chunk `shared` (qmajor_trace.cuh), ~9
+  // dependent trips for every CTA's first tile; grouped so, the row runs 130.27 us against 131.3-131.5.
+  // Two trips fewer (a CTA's first claim its own index, request 0's lengths read before the PDL wait)
+  // measured slower, 131.1 -> 132.0 us (the first Q and K loads, ~3 us each on a cold L2, are what the
+  // first tile waits for).
   const int32_t live = live_tiles(p.sched, p.seqs.batch_size);
   // Sparse with a KV-major path: when fewer than half the tiles are query-major, claims index the
   // compacted list of them (one trip more than a tile index, against a flag read per claimed KV-major

@@ -50,10 +50,10 @@ no torch: the decode sequences of the CPU sweep through the calls the drop-in ma
 build_page_table into the buffer, msa.attention on the dense rows and on the flat table), test_cpu_<family>
 (the drop-in on CPU torch tensors, the CPU backend: skipped without torch) and test_gpu_<family> (marked gpu).
 
-    PYTHONPATH=build/python python3 -m pytest -q tests/python/test_gpu_fuzz_dropin.py
-    PYTHONPATH=build/python python3 -m pytest -q "tests/python/test_gpu_fuzz_dropin.py::test_gpu_decode[seed17]"
+    PYTHONPATH=build/python python3 -m pytest -q tests/python/dropin/test_gpu_fuzz_dropin.py
+    PYTHONPATH=build/python python3 -m pytest -q "tests/python/dropin/test_gpu_fuzz_dropin.py::test_gpu_decode[seed17]"
     MSA_FUZZ_FIRST_SEED=1000 MSA_FUZZ_SEEDS=500 PYTHONPATH=build/python python3 -m pytest -q -m gpu \
-        tests/python/test_gpu_fuzz_dropin.py                         # a longer soak over other seeds
+        tests/python/dropin/test_gpu_fuzz_dropin.py                  # a longer soak over other seeds
 """
 import contextlib
 import math

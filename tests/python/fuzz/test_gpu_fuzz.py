@@ -17,10 +17,10 @@ draw_case(seed) rebuilds exactly.
 test_draw_case_is_valid_and_deterministic (CPU) checks every draw; test_cpu_fuzz runs the CPU backend on
 draws of its own (fp32 and head_dim_v != head_dim too); test_gpu_fuzz (marked gpu) is the GPU sweep.
 
-    PYTHONPATH=build/python python3 -m pytest -q tests/python/test_gpu_fuzz.py
-    PYTHONPATH=build/python python3 -m pytest -q "tests/python/test_gpu_fuzz.py::test_gpu_fuzz[seed17]"
+    PYTHONPATH=build/python python3 -m pytest -q tests/python/fuzz/test_gpu_fuzz.py
+    PYTHONPATH=build/python python3 -m pytest -q "tests/python/fuzz/test_gpu_fuzz.py::test_gpu_fuzz[seed17]"
     MSA_FUZZ_FIRST_SEED=1000 MSA_FUZZ_SEEDS=2000 PYTHONPATH=build/python python3 -m pytest -q -m gpu \
-        tests/python/test_gpu_fuzz.py                                # a longer soak over other seeds
+        tests/python/fuzz/test_gpu_fuzz.py                           # a longer soak over other seeds
 """
 import math
 
@@ -229,7 +229,7 @@ def run_torch(torch, case, plan, prob, dev="cuda"):
 def call_attention(case, plan, q, *args, **kw):
     """msa.attention with the case's sm_scale and validate; any error carries the drawn case. (A q of 0 rows
     comes with strides 0 from numpy 2, which torch.from_numpy keeps; msa takes an empty tensor's strides as
-    row-major since the fuzz found them refused.)"""
+    row-major, so such a q is accepted.)"""
     try:
         return msa.attention(plan, q, *args, sm_scale=case["problem"]["sm_scale"], validate=case["validate"], **kw)
     except Exception as e:

@@ -36,10 +36,10 @@ Tests: test_draws_are_valid_and_deterministic (CPU: every draw of both sweeps tw
 the CPU backend's validation accepting it on cheap data), test_cpu_fuzz_ops (the CPU backend on numpy
 inputs, draws of its own: 20 seeds per op) and test_gpu_op (marked gpu: torch CUDA tensors, per op and seed).
 
-    PYTHONPATH=build/python python3 -m pytest -q tests/python/test_gpu_fuzz_ops.py
-    PYTHONPATH=build/python python3 -m pytest -q "tests/python/test_gpu_fuzz_ops.py::test_gpu_op[select_topk-seed17]"
+    PYTHONPATH=build/python python3 -m pytest -q tests/python/fuzz/test_gpu_fuzz_ops.py
+    PYTHONPATH=build/python python3 -m pytest -q "tests/python/fuzz/test_gpu_fuzz_ops.py::test_gpu_op[select_topk-seed17]"
     MSA_FUZZ_FIRST_SEED=1000 MSA_FUZZ_SEEDS=2000 PYTHONPATH=build/python python3 -m pytest -q -m gpu \
-        tests/python/test_gpu_fuzz_ops.py                            # a longer soak over other seeds
+        tests/python/fuzz/test_gpu_fuzz_ops.py                       # a longer soak over other seeds
 """
 import math
 

@@ -4,7 +4,7 @@ cp.async producer, portable mma.sync with fp8 keys), both score layouts, both in
 strided caches, page ids outside the pool, NaN-poisoned outputs, the decode and prefill forms of the
 top-k, and CUDA graph replay with lengths rewritten in place.
 
-Run on a GPU machine: PYTHONPATH=build/python python3 -m pytest tests/python/test_gpu_indexer.py -q -s
+Run on a GPU machine: PYTHONPATH=build/python python3 -m pytest tests/python/gpu/test_gpu_indexer.py -q -s
 (-s shows the printed fp8-vs-bf16 selection agreement).
 """
 import math

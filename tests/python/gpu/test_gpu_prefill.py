@@ -8,11 +8,11 @@ table, fp16, untrusted device values, and bitwise-equal repeated runs. Outputs a
 every run and the data are fresh for every test. On a GPU other than sm_90 the same cases exercise the
 portable path.
 
-    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/test_gpu_prefill.py
+    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_prefill.py
 
 A small case for compute-sanitizer (memcheck / racecheck / synccheck), outside pytest:
 
-    PYTHONPATH=build/python compute-sanitizer --tool memcheck python3 tests/python/test_gpu_prefill.py
+    PYTHONPATH=build/python compute-sanitizer --tool memcheck python3 tests/python/gpu/test_gpu_prefill.py
 """
 import faulthandler
 import os

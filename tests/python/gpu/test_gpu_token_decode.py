@@ -6,7 +6,7 @@ empty rows, qo_len 0 requests (the guessed token row is wrong), lengths that end
 non-causal, the slot-major pool, flat page tables, the [Hkv, T, topk] index layout, bad pages, splits
 forced or fixed, fp16. Outputs are poisoned (NaN) before every run.
 
-    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/test_gpu_token_decode.py
+    PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_token_decode.py
 """
 import numpy as np
 import pytest
