@@ -218,6 +218,7 @@ struct KvJob {
 // block per row) and writes its own partial (o, lse).
 template <bool kBf16>
 __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem& s, int wg) {
+  using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   const int tid = threadIdx.x & 127;
   const int lane = tid & 31;
   const int t = lane & 3;
