@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The result of one scripts/ab_decode.sh call as a Markdown table and one JSON file.
+"""The result of one scripts/ab_bench.sh call as a Markdown table and one JSON file.
 
-    scripts/ab_table.py RUN_DIR NOTE > table.md     # RUN_DIR: abr.tgz unpacked (or ab_decode's own folder)
+    scripts/ab_table.py RUN_DIR NOTE > table.md     # RUN_DIR: abr.tgz unpacked (or ab_bench's own folder)
     scripts/ab_table.py RUN_DIR NOTE --json out.json
 
 RUN_DIR holds <build>-r<rep>.log and <build>-r<rep>/<bench>-<date>-<commit>.json for each run (the build

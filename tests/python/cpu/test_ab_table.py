@@ -1,4 +1,4 @@
-"""scripts/ab_table.py: an A/B call's runs (as scripts/ab_decode.sh leaves them) become one table and one JSON
+"""scripts/ab_table.py: an A/B call's runs (as scripts/ab_bench.sh leaves them) become one table and one JSON
 file, rows in the order the runs ran, with the bench's rows as columns."""
 import json
 import subprocess

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A/B of two builds of the decode kernels on a GPU machine, in alternating processes. Single runs of one
+# A/B of two builds on a GPU machine with one bench (decode unless AB_BENCH names another), in alternating
+# processes. Single runs of one
 # build differ by 0.1-0.4 us at D-B1 between processes (the floors move with them), so a 0.2 us change
 # shows only as A, B, A, B, ... in one call (docs/decode.md, "Alternatives measured"). Usage, from this tree (= B):
-#   scripts/ab_decode.sh A_DIR[,A_DIR2,...] [REPS] [bench/decode.py args ...]
+#   scripts/ab_bench.sh A_DIR[,A_DIR2,...] [REPS] [bench/decode.py args ...]
 # A_DIR is another checkout, e.g. made here with `git worktree add ab_main main` and passed in the device
 # call's carry list (several, comma-separated: each run then cycles A, A2, ..., B; lines are labelled by
 # directory); default args: --quick --floor --only D-B1,D-B32,D-mixed --iters 100. AB_TESTS=1 first
@@ -11,7 +12,7 @@
 # tree's bench script. AB_BENCH=prefill (or another bench/NAME.py) compares with that bench instead (give its
 # args, e.g. --quick --workload P-chunk --patterns random --no-peers).
 set -u
-A=${1:?usage: scripts/ab_decode.sh A_DIR [REPS] [bench args]}; REPS=${2:-3}; shift; [ $# -gt 0 ] && shift
+A=${1:?usage: scripts/ab_bench.sh A_DIR [REPS] [bench args]}; REPS=${2:-3}; shift; [ $# -gt 0 ] && shift
 BENCH=${AB_BENCH:-decode}
 ARGS=("$@"); [ ${#ARGS[@]} -eq 0 ] && [ "$BENCH" = decode ] && ARGS=(--quick --floor --only D-B1,D-B32,D-mixed --iters 100)
 cd "$(dirname "$0")/.."
@@ -34,4 +35,4 @@ for rep in $(seq "$REPS"); do
 done | tee "$R/ab.txt"
 cp "$R/ab.txt" "$W/ab.txt"
 tar -C "$W" -czf "$R/abr.tgz" .
-python3 scripts/ab_table.py "$W" "scripts/ab_decode.sh $A $REPS ${ARGS[*]}" --json "$R/ab.json" > "$R/ab.md"
+python3 scripts/ab_table.py "$W" "scripts/ab_bench.sh $A $REPS ${ARGS[*]}" --json "$R/ab.json" > "$R/ab.md"
