@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # A/B of two builds on a GPU machine with one bench (decode unless AB_BENCH names another), in alternating
-# processes. Single runs of one
-# build differ by 0.1-0.4 us at D-B1 between processes (the floors move with them), so a 0.2 us change
-# shows only as A, B, A, B, ... in one call (docs/decode.md, "Alternatives measured"). Usage, from this tree (= B):
+# processes. Single runs of one build differ by 0.1-0.4 us at D-B1 between processes (the floors move with
+# them), so a 0.2 us change shows only as A, B, A, B, ... in one call (docs/decode.md, "Alternatives measured"). Usage, from this tree (= B):
 #   scripts/ab_bench.sh A_DIR[,A_DIR2,...] [REPS] [bench/decode.py args ...]
 # A_DIR is another checkout, e.g. made here with `git worktree add ab_main main` and passed in the device
 # call's carry list (several, comma-separated: each run then cycles A, A2, ..., B; lines are labelled by
