@@ -26,13 +26,13 @@ void reference_row(const Workload& w, int64_t t, int h, double* out) {
   for (int d = 0; d < D; ++d) q[d] = bf16_to_float(qr[d]);
 
   std::vector<int64_t> keys;  // visible keys: in a selected block, existing, and not after the query
-  std::vector<double> logits;
+  std::vector<double> logits, kv(D);
   for (int32_t blk : w.selected_blocks(t, g)) {
     const int64_t end = std::min<int64_t>({int64_t(blk + 1) * c.block_size, kv_len, pos + 1});
     for (int64_t j = int64_t(blk) * c.block_size; j < end; ++j) {
-      const uint16_t* kr = w.k.data.get() + w.kv_offset(b, j, g);
+      w.k.load(w.kv_offset(b, j, g), D, kv.data());  // dequantized when fp8
       double s = 0.0;
-      for (int d = 0; d < D; ++d) s += q[d] * bf16_to_float(kr[d]);
+      for (int d = 0; d < D; ++d) s += q[d] * kv[d];
       keys.push_back(j);
       logits.push_back(s * scale);
     }
@@ -44,8 +44,8 @@ void reference_row(const Workload& w, int64_t t, int h, double* out) {
   for (size_t i = 0; i < keys.size(); ++i) {
     const double p = std::exp(logits[i] - m);
     denom += p;
-    const uint16_t* vr = w.v.data.get() + w.kv_offset(b, keys[i], g);
-    for (int d = 0; d < D; ++d) out[d] += p * bf16_to_float(vr[d]);
+    w.v.load(w.kv_offset(b, keys[i], g), D, kv.data());
+    for (int d = 0; d < D; ++d) out[d] += p * kv[d];
   }
   for (int d = 0; d < D; ++d) out[d] /= denom;
 }

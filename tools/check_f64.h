@@ -1,6 +1,7 @@
 // The demo's independent check: for a sample of (token, query head) rows, attention recomputed in
 // float64 straight from the definition (gather the selected keys through the page table, causal
-// mask, softmax), compared with the backend's bf16 output. Shares no code with src/reference.
+// mask, softmax), compared with the backend's bf16 output. An fp8 cache enters as its dequantized
+// values (e4m3 value x scale), so the contract's tolerance holds unchanged. Shares no code with src/reference.
 #pragma once
 
 #include <cstdint>

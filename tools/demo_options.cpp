@@ -41,6 +41,12 @@ Pattern parse_pattern(std::string_view text) {
                    "'");
 }
 
+KvDtype parse_kv_dtype(std::string_view text) {
+  if (text == "bf16") return KvDtype::kBf16;
+  if (text == "fp8") return KvDtype::kFp8;
+  throw UsageError("option --kv-dtype: expected bf16 or fp8, got '" + std::string(text) + "'");
+}
+
 }  // namespace
 
 const char* pattern_name(Pattern p) {
@@ -77,7 +83,7 @@ DemoOptions parse_demo_options(int argc, char** argv) {
     }
     const bool takes_value = name == "--backend" || name == "--seed" || name == "--chunk" || name == "--prefix" ||
                              name == "--decode-batch" || name == "--decode-len" || name == "--pattern" ||
-                             name == "--check-rows" || name == "--repeat";
+                             name == "--check-rows" || name == "--repeat" || name == "--kv-dtype";
     if (!takes_value) throw UsageError("unknown option '" + std::string(name) + "'");
     if (!have_value) {
       if (i + 1 >= argc) throw UsageError("option " + std::string(name) + ": missing value");
@@ -91,6 +97,7 @@ DemoOptions parse_demo_options(int argc, char** argv) {
     else if (name == "--decode-batch") o.decode_batch = parse_int<int64_t>(name, value, 1, 65536);
     else if (name == "--decode-len") o.decode_len = parse_int<int64_t>(name, value, 1, kMaxLen);
     else if (name == "--pattern") o.pattern = parse_pattern(value);
+    else if (name == "--kv-dtype") o.kv_dtype = parse_kv_dtype(value);
     else if (name == "--check-rows") o.check_rows = parse_int<int64_t>(name, value, 1, kMaxLen);
     else if (name == "--repeat") o.repeat = parse_int<int>(name, value, 1, 100000);
   }
@@ -122,7 +129,7 @@ std::string demo_help() {
         "\n"
         "Runs one MiniMax-M3 sparse attention layer (Hq=" << kNumQoHeads << ", Hkv=" << kNumKvHeads
      << ", D=" << kHeadDim << ", top-k " << kTopk << ", page " << kPageSize << ", block " << kBlockSize
-     << ", bf16)\n"
+     << ", bf16 q)\n"
         "on synthetic data: one chunked-prefill step (a chunk of new tokens on a cached prefix) and one\n"
         "decode batch. Each output is checked on a sample of (token, head) rows against a float64\n"
         "computation done in this tool; the tolerance is the contract's: relative L2 error < "
@@ -161,6 +168,10 @@ std::string demo_help() {
         "  --check-rows N            (token, head) rows checked per phase (default "
      << kDefaultCheckRows
      << ")\n"
+        "  --kv-dtype bf16|fp8       the K/V cache (default bf16); fp8 = e4m3 quantized from the random\n"
+        "                            data with one scale per tensor (amax / 448), checked against\n"
+        "                            float64 over the dequantized cache. The CPU backend runs it; the\n"
+        "                            CUDA kernels take bf16 K/V only, so cuda reports their error\n"
         "  --dense                   dense paged causal attention instead of top-k blocks\n"
         "  --repeat N                timed runs, median reported (default "
      << kCpuDefaults.repeat << " / " << kCudaDefaults.repeat

@@ -42,6 +42,8 @@ inline constexpr int64_t kDefaultCheckRows = 512;
 
 enum class BackendChoice { kAuto, kCpu, kCuda };
 enum class Pattern { kRandom, kClustered, kShared, kIndexer };
+// The K/V cache: bf16, or fp8 e4m3 with per-tensor scales (the CPU backend only; the CUDA backend refuses it).
+enum class KvDtype { kBf16, kFp8 };
 
 const char* pattern_name(Pattern p);
 
@@ -51,6 +53,7 @@ struct DemoOptions {
   uint64_t seed = 0;
   std::optional<int64_t> chunk, prefix, decode_batch, decode_len;  // unset: the backend's default
   Pattern pattern = Pattern::kRandom;
+  KvDtype kv_dtype = KvDtype::kBf16;
   int64_t check_rows = kDefaultCheckRows;
   bool dense = false;
   std::optional<int> repeat;

@@ -29,7 +29,8 @@ PhaseWork effective_flops(const Workload& w) {
 
 PhaseWork effective_bytes(const Workload& w) {
   const AttentionConfig& c = w.cfg;
-  constexpr double kElemBytes = 2.0;  // bf16
+  constexpr double kElemBytes = 2.0;  // bf16 q, o and index tensors
+  const double kv_elem_bytes = w.k.elem_bytes();
   double keys = 0.0;
   for (int64_t b = 0; b < w.batch(); ++b) {
     const int64_t kv_len = w.kv_lens[b];
@@ -41,7 +42,7 @@ PhaseWork effective_bytes(const Workload& w) {
         keys += static_cast<double>(std::min<int64_t>(c.block_size, kv_len - int64_t(blk) * c.block_size));
     }
   }
-  const double kv_bytes = keys * (c.head_dim + c.dv()) * kElemBytes;
+  const double kv_bytes = keys * (c.head_dim + c.dv()) * kv_elem_bytes;
   const double qo_bytes = static_cast<double>(w.total_q) * c.num_qo_heads * (c.head_dim + c.dv()) * kElemBytes;
   PhaseWork work;
   work.attention = kv_bytes + qo_bytes;

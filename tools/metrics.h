@@ -16,9 +16,10 @@ struct PhaseWork {
 // Pattern indexer adds the block scores: 2 * Di * (index heads) * (visible (token, key) pairs).
 // The selections must be the ones that ran (pattern indexer: the layer's own, in w.block_idx).
 PhaseWork effective_flops(const Workload& w);
-// Decode: bytes of the selected K and V blocks, each counted once per request and KV head (the keys
-// that exist), plus the q and o bytes. Pattern indexer adds the index-K keys each request sees once
-// and the index q bytes (the fp32 scores workspace, under 1% of those at the demo's sizes, is left out).
+// Decode: bytes of the selected K and V blocks (1 per element for fp8, 2 for bf16), each counted once per
+// request and KV head (the keys that exist), plus the q and o bytes. Pattern indexer adds the index-K keys
+// each request sees once and the index q bytes (the fp32 scores workspace, under 1% of those at the demo's
+// sizes, is left out).
 PhaseWork effective_bytes(const Workload& w);
 
 }  // namespace msa::cli

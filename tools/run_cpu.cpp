@@ -13,8 +13,8 @@ RunResult run_on_cpu(const Workload& w, int repeat) {
   r.o.assign(static_cast<size_t>(w.total_q) * w.cfg.num_qo_heads * w.cfg.dv(), kBf16NaN);
   WorkloadBuffers buf;
   buf.q = w.q.data.get();
-  buf.k = w.k.data.get();
-  buf.v = w.v.data.get();
+  buf.k = w.k.data();
+  buf.v = w.v.data();
   buf.o = r.o.data();
   // TensorViews take mutable pointers; the inputs are only read.
   buf.page_table = const_cast<int32_t*>(w.page_table.data());
@@ -33,7 +33,7 @@ RunResult run_on_cpu(const Workload& w, int repeat) {
   const AttentionArgs a = attention_args(w, buf, cpu);
   const Plan plan = make_plan(w, cpu);
   r.plan = plan.describe();
-  const RunOptions opts;  // on the CPU every call checks the page ids and block ids it reads anyway
+  const RunOptions opts = run_options(w);  // on the CPU every call checks the page ids and block ids anyway
   for (int i = 0; i < repeat; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     run_call(w, plan, a, opts);

@@ -71,8 +71,9 @@ RunResult run_on_cuda(const Workload& w, int repeat) {
   const Device dev{DeviceType::kCUDA, id};
   const size_t o_elems = static_cast<size_t>(w.total_q) * w.cfg.num_qo_heads * w.cfg.dv();
 
-  DeviceArray q(w.q.data.get(), w.q.size, "copy q"), k(w.k.data.get(), w.k.size, "copy k"),
-      v(w.v.data.get(), w.v.size, "copy v");
+  DeviceArray q(w.q.data.get(), w.q.size, "copy q"),
+      k(static_cast<const uint8_t*>(w.k.data()), w.k.bytes(), "copy k"),
+      v(static_cast<const uint8_t*>(w.v.data()), w.v.bytes(), "copy v");
   DeviceArray o(o_elems * 2, "allocate o");
   DeviceArray page_table(w.page_table.data(), w.page_table.size(), "copy page table");
   DeviceArray qo_indptr(w.qo_indptr.data(), w.qo_indptr.size(), "copy qo_indptr");
@@ -97,7 +98,7 @@ RunResult run_on_cuda(const Workload& w, int repeat) {
   const AttentionArgs a = attention_args(w, buf, dev);
   const Plan plan = make_plan(w, dev);
   Stream stream;
-  RunOptions opts;
+  RunOptions opts = run_options(w);
   opts.stream = stream.s;
 
   // Warm-up, with the deep scan of lengths, page ids and block ids (it synchronizes: untimed only).

@@ -17,8 +17,9 @@ AttentionArgs attention_args(const Workload& w, const WorkloadBuffers& buf, Devi
   const int64_t B = w.batch();
   AttentionArgs a;
   a.q = TensorView(buf.q, DType::kBF16, {w.total_q, c.num_qo_heads, c.head_dim}, {}, dev);
-  a.k = TensorView(buf.k, DType::kBF16, {w.num_pages, c.num_kv_heads, c.page_size, c.head_dim}, {}, dev);
-  a.v = TensorView(buf.v, DType::kBF16, {w.num_pages, c.num_kv_heads, c.page_size, c.dv()}, {}, dev);
+  const DType kv = w.k.dtype == KvDtype::kFp8 ? DType::kF8E4M3 : DType::kBF16;
+  a.k = TensorView(buf.k, kv, {w.num_pages, c.num_kv_heads, c.page_size, c.head_dim}, {}, dev);
+  a.v = TensorView(buf.v, kv, {w.num_pages, c.num_kv_heads, c.page_size, c.dv()}, {}, dev);
   a.o = TensorView(buf.o, DType::kBF16, {w.total_q, c.num_qo_heads, c.dv()}, {}, dev);
   if (c.topk > 0) a.block_idx = TensorView(buf.block_idx, DType::kI32, {w.total_q, c.num_kv_heads, c.topk}, {}, dev);
   a.pages.table = TensorView(buf.page_table, DType::kI32, {B, w.max_pages}, {}, dev);
@@ -30,6 +31,13 @@ AttentionArgs attention_args(const Workload& w, const WorkloadBuffers& buf, Devi
     a.scores = TensorView(buf.scores, DType::kF32, {w.total_q, c.num_kv_heads, w.max_blocks}, {}, dev);
   }
   return a;
+}
+
+RunOptions run_options(const Workload& w) {
+  RunOptions opts;
+  opts.k_scale = w.k.scale;
+  opts.v_scale = w.v.scale;
+  return opts;
 }
 
 void run_call(const Workload& w, const Plan& plan, const AttentionArgs& a, const RunOptions& opts) {

@@ -35,6 +35,8 @@ struct AttentionArgs {
   TensorView scores;
 };
 AttentionArgs attention_args(const Workload& w, const WorkloadBuffers& buf, Device dev);
+// The options every call of the workload takes: the fp8 pools' per-tensor scales (1 for bf16).
+RunOptions run_options(const Workload& w);
 // One timed call: the attention, or for pattern indexer the whole layer (scores, top-k, attention).
 void run_call(const Workload& w, const Plan& plan, const AttentionArgs& a, const RunOptions& opts);
 

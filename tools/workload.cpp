@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "bf16.h"
+#include "fp8.h"
 #include "parallel.h"
 #include "rng.h"
 #include "selection.h"
@@ -50,7 +51,38 @@ void fill_normal_bf16(Bf16Array& a, uint64_t key) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Unit-normal bf16 values (fill_normal_bf16), kept as they are or quantized to fp8 e4m3 with the
+// per-tensor scale amax / 448, which maps the largest magnitude onto the largest finite e4m3 value.
+KvPool make_kv_pool(KvDtype dtype, int64_t size, uint64_t key) {
+  KvPool pool;
+  pool.dtype = dtype;
+  pool.size = size;
+  pool.bf16.allocate(size);
+  fill_normal_bf16(pool.bf16, key);
+  if (dtype == KvDtype::kBf16) return pool;
+  const uint16_t* x = pool.bf16.data.get();
+  float amax = 0.0f;
+  for (int64_t i = 0; i < size; ++i) amax = std::max(amax, std::fabs(bf16_to_float(x[i])));
+  pool.scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+  pool.fp8.reset(new uint8_t[static_cast<size_t>(size)]);
+  uint8_t* codes = pool.fp8.get();
+  const float inv = 1.0f / pool.scale;
+  parallel_for(size, 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) codes[i] = fp8e4m3_from_float(bf16_to_float(x[i]) * inv);
+  });
+  pool.bf16 = Bf16Array();  // the bf16 values were only the source of the quantization
+  return pool;
+}
+
 }  // namespace
+
+void KvPool::load(int64_t offset, int n, double* out) const {
+  if (dtype == KvDtype::kFp8) {
+    for (int d = 0; d < n; ++d) out[d] = double(fp8e4m3_to_float(fp8[offset + d])) * scale;
+    return;
+  }
+  for (int d = 0; d < n; ++d) out[d] = bf16_to_float(bf16.data[offset + d]);
+}
 
 int64_t Workload::request_of(int64_t token) const {
   return std::upper_bound(qo_indptr.begin(), qo_indptr.end(), static_cast<int32_t>(token)) - qo_indptr.begin() - 1;
@@ -89,8 +121,10 @@ int64_t Workload::index_k_offset(int64_t b, int64_t key) const {
 int64_t workload_bytes(const WorkloadSpec& s) {
   const int64_t pages = s.batch * ceil_div(s.kv_len, kPageSize) + kSparePages;
   const int64_t q_elems = s.batch * s.qo_len * kNumQoHeads * kHeadDim;
-  // q, o (read back for the check), k, v.
-  int64_t bytes = 2 * (2 * q_elems + 2 * pages * kNumKvHeads * kPageSize * kHeadDim);
+  // q, o (read back for the check), k, v: two bf16 pools, or two fp8 pools quantized one after the other
+  // from bf16 values (the same peak).
+  const int64_t kv_elems = pages * kNumKvHeads * kPageSize * kHeadDim;
+  int64_t bytes = 2 * 2 * q_elems + 4 * kv_elems;
   if (s.pattern == Pattern::kIndexer && !s.dense)  // index q and K (bf16), the fp32 scores on the device
     bytes += 2 * (s.batch * s.qo_len * kNumKvHeads * kIndexHeadDim + pages * kIndexKHeads * kPageSize * kIndexHeadDim) +
              4 * s.batch * s.qo_len * kNumKvHeads * ceil_div(s.kv_len, kBlockSize);
@@ -124,11 +158,10 @@ Workload make_workload(const WorkloadSpec& s) {
   w.page_table.assign(perm.begin(), perm.begin() + B * w.max_pages);
 
   w.q.allocate(w.total_q * kNumQoHeads * kHeadDim);
-  w.k.allocate(w.num_pages * kNumKvHeads * kPageSize * kHeadDim);
-  w.v.allocate(w.k.size);
   fill_normal_bf16(w.q, stream_key(s.seed, {kTagQ}));
-  fill_normal_bf16(w.k, stream_key(s.seed, {kTagK}));
-  fill_normal_bf16(w.v, stream_key(s.seed, {kTagV}));
+  const int64_t kv_elems = w.num_pages * kNumKvHeads * kPageSize * kHeadDim;
+  w.k = make_kv_pool(s.kv_dtype, kv_elems, stream_key(s.seed, {kTagK}));
+  w.v = make_kv_pool(s.kv_dtype, kv_elems, stream_key(s.seed, {kTagV}));
 
   w.max_blocks = ceil_div(s.kv_len, kBlockSize);
   if (!s.dense && s.pattern == Pattern::kIndexer) {

@@ -1,5 +1,6 @@
-// One synthetic attention call of the demo, on the host: bf16 q and a paged bf16 KV pool with
-// shuffled physical pages, the page table, the lengths and (sparse) the top-k block selections.
+// One synthetic attention call of the demo, on the host: bf16 q and a paged KV pool (bf16, or fp8 e4m3
+// with per-tensor scales) with shuffled physical pages, the page table, the lengths and (sparse) the
+// top-k block selections.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,22 @@ struct Bf16Array {
   int64_t bytes() const { return size * 2; }
 };
 
+// The K or V pool [num_pages, Hkv, page_size, D]: unit-normal bf16 values, or (fp8) those values quantized
+// to e4m3 with one per-tensor scale, amax / 448; an fp8 element's value is its code's value times scale.
+struct KvPool {
+  KvDtype dtype = KvDtype::kBf16;
+  Bf16Array bf16;                  // kBf16
+  std::unique_ptr<uint8_t[]> fp8;  // kFp8: e4m3fn codes
+  int64_t size = 0;
+  float scale = 1.0f;              // kFp8 (1 for bf16)
+
+  void* data() const { return dtype == KvDtype::kFp8 ? static_cast<void*>(fp8.get()) : bf16.data.get(); }
+  int elem_bytes() const { return dtype == KvDtype::kFp8 ? 1 : 2; }
+  int64_t bytes() const { return size * elem_bytes(); }
+  // n values from element `offset`, dequantized (value x scale), in float64.
+  void load(int64_t offset, int n, double* out) const;
+};
+
 struct WorkloadSpec {
   Phase phase = Phase::kPrefill;
   int64_t batch = 1;
@@ -31,6 +48,7 @@ struct WorkloadSpec {
   int64_t kv_len = 0;  // per request, the new tokens included
   Pattern pattern = Pattern::kRandom;
   bool dense = false;
+  KvDtype kv_dtype = KvDtype::kBf16;
   uint64_t seed = 0;
 };
 
@@ -44,7 +62,7 @@ struct Workload {
   std::vector<int32_t> page_table;  // [batch, max_pages], dense form
   std::vector<int32_t> block_idx;   // [total_q, Hkv, topk]; empty when dense
   Bf16Array q;                      // [total_q, Hq, D]
-  Bf16Array k, v;                   // [num_pages, Hkv, page_size, D]
+  KvPool k, v;                      // [num_pages, Hkv, page_size, D]
   // Pattern indexer: the selections come from the layer's own indexer step (block_idx is then its
   // [total_q, Hkv, topk] output workspace, -1 until a run fills it).
   bool indexer = false;

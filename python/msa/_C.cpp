@@ -396,7 +396,8 @@ void bind_ops(nb::module_& m) {
       "attention",
       [](const msa::Plan& plan, nb::handle q, nb::handle k, nb::handle v, nb::handle page_table,
          nb::handle page_indptr, nb::handle qo_indptr, nb::handle kv_lens, nb::handle qo_offset, nb::handle block_idx,
-         nb::handle o, nb::handle lse, float sm_scale, bool validate, int64_t stream) {
+         nb::handle o, nb::handle lse, float sm_scale, bool validate, int64_t stream, float q_scale, float k_scale,
+         float v_scale) {
         Call call("msa.attention");
         const msa::TensorView q_v = call.in(q, "q"), k_v = call.in(k, "k_cache"), v_v = call.in(v, "v_cache");
         const msa::PageTable pages{call.in(page_table, "page_table"), call.in(page_indptr, "page_indptr")};
@@ -404,13 +405,14 @@ void bind_ops(nb::module_& m) {
                                   call.in(qo_offset, "qo_offset")};
         const msa::TensorView bi = call.in(block_idx, "block_idx");
         const msa::TensorView o_v = call.out(o, "out"), lse_v = call.out(lse, "lse");
-        const msa::RunOptions opts{sm_scale, call.stream(stream, q, q_v), validate};
+        const msa::RunOptions opts{sm_scale, call.stream(stream, q, q_v), validate, q_scale, k_scale, v_scale};
         nb::gil_scoped_release nogil;
         msa::attention(plan, q_v, k_v, v_v, pages, seqs, bi, o_v, lse_v, opts);
       },
       "plan"_a, "q"_a, "k_cache"_a, "v_cache"_a, "page_table"_a, "page_indptr"_a.none(), "qo_indptr"_a,
       "kv_lens"_a, "qo_offset"_a.none(), "block_idx"_a.none(), "out"_a, "lse"_a.none(), "sm_scale"_a,
-      "validate"_a, "stream"_a = 0, "Binding of msa::attention; use msa.attention.");
+      "validate"_a, "stream"_a = 0, "q_scale"_a = 1.0f, "k_scale"_a = 1.0f, "v_scale"_a = 1.0f,
+      "Binding of msa::attention; use msa.attention.");
 
   m.def(
       "block_scores",

@@ -25,6 +25,14 @@ def integer(fn: str, name: str, value, bits: int = 32) -> int:
     return v
 
 
+def real(fn: str, name: str, value) -> float:
+    """value as a Python float (anything with __float__: ints, numpy scalars, one-element tensors; not bool).
+    The range is checked by the C++ entry point, which names the argument too."""
+    if isinstance(value, bool) or not hasattr(value, "__float__"):  # float() would also parse strings
+        raise TypeError(f"{fn}: argument '{name}': expected a float, got {type(value).__name__}")
+    return float(value)
+
+
 def host_lengths(fn: str, name: str, values) -> np.ndarray:
     """A 1-D host sequence of ints (list, tuple, numpy array, CPU torch tensor) as contiguous int32."""
     torch = torch_of(values)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from . import _C
-from ._args import integer
+from ._args import integer, real
 from ._framework import cpu_ints, host_max, new_output, resolve_stream
 
 BLOCK = 128  # tokens per selectable block (the contract's fixed block size)
@@ -33,7 +33,8 @@ def _layout(fn: str, layout) -> str:
 
 
 def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, block_idx=None, qo_offset=None,
-              page_indptr=None, out=None, lse=None, return_lse=False, sm_scale=None, validate=False, stream=None):
+              page_indptr=None, out=None, lse=None, return_lse=False, sm_scale=None, q_scale=1.0, k_scale=1.0,
+              v_scale=1.0, validate=False, stream=None):
     """Paged attention with the plan's configuration: sparse when plan.topk > 0, dense otherwise.
 
     A plan serves one run at a time: two calls with one plan in flight at once (on two streams, or from two
@@ -45,7 +46,10 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
         plan: msa.Plan from plan_prefill or plan_decode, on the tensors' device.
         q: [total_q, Hq, D], bf16 / fp16 (fp32 also on the CPU).
         k_cache, v_cache: [num_pages, Hkv, page_size, D | Dv], any strides with the innermost dim contiguous
-            (sglang's slot-major pool [slots, Hkv, D] is view(pages, page_size, Hkv, D).permute(0, 2, 1, 3)).
+            (sglang's slot-major pool [slots, Hkv, D] is view(pages, page_size, Hkv, D).permute(0, 2, 1, 3);
+            K and V may be the two halves of one [pages, Hkv, page_size, 2D] pool). Both in q's dtype, or both
+            float8_e4m3fn with k_scale / v_scale (CPU tensors only: the CUDA backend raises
+            NotImplementedError for fp8 K/V).
         page_table: int32, dense [B, max_pages], or flat [n] together with page_indptr [B+1].
         qo_indptr: int32 [B+1], cumulative query tokens per request.
         kv_lens: int32 [B], keys per request.
@@ -59,6 +63,10 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
             written when given, allocated when None and return_lse.
         return_lse: return (o, lse) instead of o.
         sm_scale: logit scale; None means head_dim ** -0.5.
+        q_scale, k_scale, v_scale: per-tensor dequantization scales (finite, > 0), for K/V of any dtype: the
+            logits are (q . k) * sm_scale * q_scale * k_scale and the output is softmax @ V * v_scale (an fp8 key's
+            value is its e4m3 value times k_scale). CUDA tensors need v_scale == 1 (NotImplementedError otherwise:
+            the kernels have no output scale); q_scale and k_scale are folded into sm_scale there.
         validate: CUDA tensors: also read the lengths, the page table and the block indexes on the host and
             report the first bad entry (synchronizes). CPU tensors are always checked so.
         stream: CUDA stream (None: torch's current stream for torch CUDA tensors, else 0).
@@ -82,7 +90,8 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
     if lse is None and return_lse:
         lse = new_output(fn, "lse", q, "q", (total_q, plan.num_qo_heads), "float32")
     _C.attention(plan, q, k_cache, v_cache, page_table, page_indptr, qo_indptr, kv_lens, qo_offset, block_idx,
-                 out, lse, scale, bool(validate), resolve_stream(fn, stream, q))
+                 out, lse, scale, bool(validate), resolve_stream(fn, stream, q), real(fn, "q_scale", q_scale),
+                 real(fn, "k_scale", k_scale), real(fn, "v_scale", v_scale))
     return (out, lse) if return_lse else out
 
 
@@ -225,7 +234,8 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max
 def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_table, qo_indptr, kv_lens, *,
                            k_index_scale=None, qo_offset=None, page_indptr=None, force_begin=0, force_end=1,
                            scores=None, score_layout="THK", block_idx=None, out=None, lse=None, return_lse=False,
-                           return_block_idx=False, sm_scale=None, stream=None):
+                           return_block_idx=False, sm_scale=None, q_scale=1.0, k_scale=1.0, v_scale=1.0,
+                           stream=None):
     """One MiniMax-M3 sparse layer: block_scores -> select_topk -> sparse attention, sharing the plan.
 
     The index queries have one head per KV head (q_index [T, Hkv, Di]); the index-K cache shares the page
@@ -235,8 +245,9 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
     Args:
         plan: a sparse msa.Plan (topk > 0); its max_kv_len sizes the score workspace, so decode plans need no
             host read of the lengths and the call can be captured in a CUDA graph.
-        q, k_cache, v_cache, page_table, qo_indptr, kv_lens, qo_offset, page_indptr, sm_scale, out, lse,
-            return_lse, stream: as for msa.attention.
+        q, k_cache, v_cache, page_table, qo_indptr, kv_lens, qo_offset, page_indptr, sm_scale, q_scale, k_scale,
+            v_scale, out, lse, return_lse, stream: as for msa.attention (k_scale / v_scale are the attention's
+            per-tensor scales; the index keys' per-token scales are k_index_scale).
         q_index, k_index, k_index_scale: as q, k_index and k_scale of msa.block_scores.
         scores: fp32 workspace in score_layout with max_blocks >= ceil(plan.max_kv_len / 128); allocated when None.
         block_idx: int32 [T, Hkv, topk] workspace for the selection (any strides); allocated when None.
@@ -275,7 +286,7 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
                             stream=stream)
     res = attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, block_idx=block_idx,
                     qo_offset=qo_offset, page_indptr=page_indptr, out=out, lse=lse, return_lse=return_lse,
-                    sm_scale=sm_scale, stream=stream)
+                    sm_scale=sm_scale, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, stream=stream)
     if not return_block_idx:
         return res
     return (*res, block_idx) if return_lse else (res, block_idx)

@@ -9,7 +9,8 @@ Ops (namespace `msa`, every one writes its outputs in place and returns nothing;
 let FakeTensor / torch.compile propagate through them):
 
     torch.ops.msa.attention(plan: int, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, block_idx?,
-                            qo_offset?, page_indptr?, out!, lse!?, sm_scale: float?, validate: bool)
+                            qo_offset?, page_indptr?, out!, lse!?, sm_scale: float?, validate: bool,
+                            q_scale: float = 1.0, k_scale: float = 1.0, v_scale: float = 1.0)
     torch.ops.msa.block_scores(q, k_index, k_scale?, page_table, page_indptr?, qo_indptr, kv_lens, qo_offset?,
                                out!, layout: str, causal: bool, validate: bool)
     torch.ops.msa.select_topk(scores, qo_indptr, kv_lens, topk: int, qo_offset?, layout: str, force_begin: int,
@@ -35,6 +36,7 @@ from ._framework import require_torch
 torch = require_torch("msa.torch_ops", "registers msa's entry points as torch custom ops")
 
 from . import ops as _msa  # noqa: E402
+from ._args import real  # noqa: E402
 from .plan import Plan  # noqa: E402
 
 _plans: dict[int, Plan] = {}
@@ -99,15 +101,16 @@ def _attention_op(plan: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                   page_table: torch.Tensor, qo_indptr: torch.Tensor, kv_lens: torch.Tensor,
                   block_idx: Optional[torch.Tensor], qo_offset: Optional[torch.Tensor],
                   page_indptr: Optional[torch.Tensor], out: torch.Tensor, lse: Optional[torch.Tensor],
-                  sm_scale: Optional[float], validate: bool) -> None:
+                  sm_scale: Optional[float], validate: bool, q_scale: float = 1.0, k_scale: float = 1.0,
+                  v_scale: float = 1.0) -> None:
     _msa.attention(_plan_object("msa::attention", plan), q, k_cache, v_cache, page_table, qo_indptr, kv_lens,
                    block_idx=block_idx, qo_offset=qo_offset, page_indptr=page_indptr, out=out, lse=lse,
-                   sm_scale=sm_scale, validate=validate)
+                   sm_scale=sm_scale, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, validate=validate)
 
 
 @_attention_op.register_fake
 def _(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, block_idx, qo_offset, page_indptr, out, lse,
-      sm_scale, validate):
+      sm_scale, validate, q_scale=1.0, k_scale=1.0, v_scale=1.0):
     return None
 
 
@@ -171,20 +174,23 @@ def _direct(t: torch.Tensor) -> bool:
 
 
 def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, block_idx=None, qo_offset=None,
-              page_indptr=None, out=None, lse=None, return_lse=False, sm_scale=None, validate=False):
+              page_indptr=None, out=None, lse=None, return_lse=False, sm_scale=None, q_scale=1.0, k_scale=1.0,
+              v_scale=1.0, validate=False):
     """msa.attention (docs/python_api.md) for torch tensors; plan: msa.Plan (eager only), PlanHandle or its
     int handle. out defaults to [q.shape[0], q.shape[1], v_cache.shape[-1]] in q's dtype."""
+    fn = "msa.torch_ops.attention"
     if out is None:
         out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))
     if lse is None and return_lse:
         lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
     if not _direct(q):
-        torch.ops.msa.attention(_plan_handle("msa.torch_ops.attention", plan), q, k_cache, v_cache, page_table,
-                                qo_indptr, kv_lens, block_idx, qo_offset, page_indptr, out, lse, sm_scale, validate)
+        torch.ops.msa.attention(_plan_handle(fn, plan), q, k_cache, v_cache, page_table, qo_indptr, kv_lens, block_idx,
+                                qo_offset, page_indptr, out, lse, sm_scale, validate, real(fn, "q_scale", q_scale),
+                                real(fn, "k_scale", k_scale), real(fn, "v_scale", v_scale))
     else:
-        _msa.attention(_plan_object("msa.torch_ops.attention", plan), q, k_cache, v_cache, page_table, qo_indptr,
+        _msa.attention(_plan_object(fn, plan), q, k_cache, v_cache, page_table, qo_indptr,
                        kv_lens, block_idx=block_idx, qo_offset=qo_offset, page_indptr=page_indptr, out=out, lse=lse,
-                       sm_scale=sm_scale, validate=validate)
+                       sm_scale=sm_scale, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, validate=validate)
     return (out, lse) if return_lse else out
 
 

@@ -1,6 +1,8 @@
 #include "core/checks.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 
 #include "core/backend.h"
 #include "msa/error.h"
@@ -130,6 +132,23 @@ ScalarType scalar_type(DType t) {
     case DType::kF8E4M3: return ScalarType::kF8E4M3;
     default: MSA_FAIL(kType, "msa: dtype ", dtype_name(t), " is not a floating-point tensor type");
   }
+}
+
+void check_scales(const char* fn, const RunOptions& opts) {
+  for (auto [name, value] : {std::pair<const char*, float>{"q_scale", opts.q_scale}, {"k_scale", opts.k_scale},
+                             {"v_scale", opts.v_scale}})
+    MSA_CHECK(std::isfinite(value) && value > 0.f, kValue, fn, ": argument '", name,
+              "': expected a finite number > 0, got ", value);
+}
+
+void check_cuda_attention_support(const char* fn, const TensorView& k, const TensorView& v, const RunOptions& opts) {
+  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"k", &k}, {"v", &v}})
+    MSA_CHECK(t->dtype() != DType::kF8E4M3, kNotImplemented, fn, ": argument '", name,
+              "': fp8 e4m3 K/V runs on the CPU backend only in this build; the CUDA kernels take K/V in the "
+              "dtype of q (bfloat16 or float16)");
+  MSA_CHECK(opts.v_scale == 1.f, kNotImplemented, fn, ": argument 'v_scale': the CUDA kernels have no output "
+            "scale, so v_scale must be 1 for CUDA tensors in this build, got ", opts.v_scale,
+            " (multiply the output by it instead)");
 }
 
 HostInts::HostInts(const TensorView& t, void* stream) {

@@ -76,6 +76,16 @@ float resolve_scale(const char* fn, float s, int head_dim) {
   return s;
 }
 
+// The logits' scale sm_scale * q_scale * k_scale, multiplied in double and rounded once: for K/V in q's
+// dtype exactly what the caller would fold into sm_scale; for fp8 K/V the same as dequantizing every key.
+float logit_scale(const char* fn, const RunOptions& opts, int head_dim) {
+  const double s = double(resolve_scale(fn, opts.sm_scale, head_dim)) * opts.q_scale * opts.k_scale;
+  const float f = static_cast<float>(s);
+  MSA_CHECK(std::isfinite(f) && f != 0.f, kValue, fn,
+            ": arguments 'sm_scale' * 'q_scale' * 'k_scale': expected a product within the float range, got ", s);
+  return f;
+}
+
 void check_cuda_ready(const char* fn, Device d) {
   if (!d.is_cuda()) return;
   MSA_CHECK(cuda::compiled(), kNotImplemented, fn,
@@ -96,9 +106,12 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
   const bool gpu = dev.is_cuda();
   check_cuda_ready(fn, dev);
   arg(fn, "q", q).present();
+  const bool fp8_kv = k.dtype() == DType::kF8E4M3;
   check_dtypes(fn, {{"q", q, float_types(gpu)},
-                    {"k", k, {q.dtype()}, "the dtype of q"},
-                    {"v", v, {q.dtype()}, "the dtype of q"},
+                    {"k", k, {q.dtype(), DType::kF8E4M3}, "the dtype of q, or fp8 e4m3 with k_scale and v_scale"},
+                    {"v", v, {fp8_kv ? DType::kF8E4M3 : q.dtype()},
+                     fp8_kv ? "as k: K and V are both fp8 e4m3 or both in the dtype of q"
+                            : "the dtype of q, as k: K and V are both in the dtype of q or both fp8 e4m3"},
                     {"page_table", pages.table, {DType::kI32}},
                     {"qo_indptr", seqs.qo_indptr, {DType::kI32}},
                     {"kv_lens", seqs.kv_lens, {DType::kI32}},
@@ -137,13 +150,17 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
     MSA_CHECK(!block_idx.defined(), kValue, fn,
               ": argument 'block_idx': the plan is dense (topk = 0); build it with topk > 0 for sparse attention");
   }
+  check_scales(fn, opts);
+  const float sm_scale = logit_scale(fn, opts, c.head_dim);
   if (gpu) {
+    check_cuda_attention_support(fn, k, v, opts);
     for (auto [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &o}})
       arg(fn, name, *t).aligned(16);
   }
   const int64_t B = plan.batch_size();
   AttentionParams p;
   p.dtype = scalar_type(q.dtype());
+  p.kv_dtype = scalar_type(k.dtype());
   p.q = q.data();
   p.q_stride_token = q.stride(0);
   p.q_stride_head = q.stride(1);
@@ -165,7 +182,8 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
   }
   p.block_size = c.block_size;
   p.causal = c.causal;
-  p.sm_scale = resolve_scale(fn, opts.sm_scale, c.head_dim);
+  p.sm_scale = sm_scale;
+  p.v_scale = opts.v_scale;
   p.o = o.data();
   p.o_stride_token = o.stride(0);
   p.o_stride_head = o.stride(1);

@@ -5,6 +5,10 @@
 // scores -> max -> exp -> weighted sum over them. K is kept transposed ([D][n]) and V row-major
 // ([n][Dv]) so both inner loops run over contiguous floats and vectorize without reassociation.
 // Scores and the weighted sum accumulate in fp32, the softmax denominator in fp64.
+//
+// fp8 e4m3 K/V are widened exactly (scalar.h) and their per-tensor scales applied where they are linear:
+// k_scale (with q_scale) in the logits' scale, v_scale on the output. That is the contract's dequantized
+// cache (value x scale) with one rounding per row instead of one per element.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -74,8 +78,8 @@ void attend_item(const AttentionParams& p, const BatchMap& batch, int64_t t, int
   w.kt.resize(size_t(D) * n);
   w.v.resize(size_t(n) * Dv);
   for (int64_t j = 0; j < n; ++j) {
-    load_row(p.k.data, p.dtype, w.k_offset[j], D, w.kt.data() + j, n);
-    load_row(p.v.data, p.dtype, w.v_offset[j], Dv, w.v.data() + j * Dv);
+    load_row(p.k.data, p.kv_dtype, w.k_offset[j], D, w.kt.data() + j, n);
+    load_row(p.v.data, p.kv_dtype, w.v_offset[j], Dv, w.v.data() + j * Dv);
   }
   w.q.resize(D);
   w.s.resize(n);
@@ -111,7 +115,7 @@ void attend_item(const AttentionParams& p, const BatchMap& batch, int64_t t, int
       const float* vj = w.v.data() + j * Dv;
       for (int32_t d = 0; d < Dv; ++d) acc[d] += pj * vj[d];
     }
-    const float inv = static_cast<float>(1.0 / sum);
+    const float inv = static_cast<float>(p.v_scale / sum);
     for (int32_t d = 0; d < Dv; ++d) store_scalar(p.o, p.dtype, o_base + d, acc[d] * inv);
     if (lse) *lse = static_cast<float>(m + std::log(sum));
   }

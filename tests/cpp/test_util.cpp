@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -55,10 +56,16 @@ uint8_t fp8e4m3_bits(double v) {
   const double a = std::fabs(v);
   if (std::isnan(v) || a >= 480.0) return sign | 0x7f;
   // Nearest of the 127 magnitudes, with 480 standing in for code 0x7f (NaN): what rounds there overflows.
+  static const std::array<double, 128> magnitudes = [] {
+    std::array<double, 128> m{};
+    for (int code = 0; code < 0x7f; ++code) m[code] = fp8e4m3_value(static_cast<uint8_t>(code));
+    m[0x7f] = 480.0;
+    return m;
+  }();
   int best = 0;
   double best_err = kInf;
   for (int code = 0; code <= 0x7f; ++code) {
-    const double m = code == 0x7f ? 480.0 : fp8e4m3_value(static_cast<uint8_t>(code));
+    const double m = magnitudes[code];
     const double err = std::fabs(a - m);
     if (err < best_err || (err == best_err && code % 2 == 0)) best = code, best_err = err;
   }
@@ -140,7 +147,7 @@ TensorView Problem::q_view() const {
 }
 TensorView Problem::k_view() const { return k.view(kv_shape, k_strides); }
 TensorView Problem::v_view() const {
-  return v.view({kv_shape[0], kv_shape[1], kv_shape[2], dv()}, v_strides);
+  return v_buffer().view_at(v_offset, {kv_shape[0], kv_shape[1], kv_shape[2], dv()}, v_strides);
 }
 TensorView Problem::k_scale_view() const {
   if (k_scale.numel() == 0) return {};
@@ -175,21 +182,26 @@ std::vector<int64_t> cache_strides(KvLayout layout, int64_t pages, int64_t heads
       *numel = pages * page;
       return {page, P * pitch, pitch, 1};
     }
+    case KvLayout::kInterleaved:  // a token's K row, then its V row
+      *numel = pages * heads * P * 2 * dim;
+      return {heads * P * 2 * dim, P * 2 * dim, 2 * dim, 1};
     default:
       *numel = pages * heads * P * dim;
       return {heads * P * dim, P * dim, dim, 1};
   }
 }
 
-void fill_cache(const Problem& pr, Buffer& buf, const std::vector<int64_t>& strides, int dim, Rng& rng) {
-  buf.fill(std::nan(""));  // spare pages, padding and slots past kv_len stay NaN
+// Normal values of standard deviation `sigma` for the keys that exist, starting at element `base` of buf;
+// the rest is left as it is (NaN from make_problem: spare pages, padding and slots past kv_len).
+void fill_cache(const Problem& pr, Buffer& buf, const std::vector<int64_t>& strides, int64_t base, int dim,
+                double sigma, Rng& rng) {
   const int P = pr.spec.page_size;
   for (int64_t b = 0; b < pr.batch; ++b)
     for (int64_t j = 0; j < pr.kv_lens[b]; ++j) {
       const int64_t page = pr.pages_of[b][j / P];
       for (int h = 0; h < pr.kv_shape[1]; ++h)
         for (int d = 0; d < dim; ++d)
-          buf.set(page * strides[0] + h * strides[1] + (j % P) * strides[2] + d, rng.normal());
+          buf.set(base + page * strides[0] + h * strides[1] + (j % P) * strides[2] + d, sigma * rng.normal());
     }
 }
 
@@ -275,14 +287,26 @@ Problem make_problem(const ProblemSpec& spec) {
   for (int64_t i = 0; i < pr.q.numel(); ++i) pr.q.set(i, rng.normal());
   pr.kv_shape = {pr.num_pages, Hkv, P, D};
   int64_t numel = 0;
-  const DType k_dtype = spec.k_dtype == DType::kUnknown ? spec.dtype : spec.k_dtype;
+  const DType k_dtype = spec.fp8_kv ? DType::kF8E4M3 : spec.k_dtype == DType::kUnknown ? spec.dtype : spec.k_dtype;
+  const DType v_dtype = spec.fp8_kv ? DType::kF8E4M3 : spec.dtype;
+  // fp8: stored values / scale, so that the dequantized values are unit-normal.
+  const double k_sigma = spec.fp8_kv ? 1.0 / spec.k_scale : 1.0, v_sigma = spec.fp8_kv ? 1.0 / spec.v_scale : 1.0;
   pr.k_strides = cache_strides(spec.kv_layout, pr.num_pages, Hkv, P, D, &numel);
   pr.k = Buffer(k_dtype, numel);
-  fill_cache(pr, pr.k, pr.k_strides, D, rng);
+  pr.k.fill(std::nan(""));
+  fill_cache(pr, pr.k, pr.k_strides, 0, D, k_sigma, rng);
   pr.v_strides = cache_strides(spec.kv_layout, pr.num_pages, Hkv, P, Dv, &numel);
-  pr.v = Buffer(spec.dtype, numel);
-  fill_cache(pr, pr.v, pr.v_strides, Dv, rng);
-  if (k_dtype == DType::kF8E4M3) {
+  if (spec.kv_layout == KvLayout::kInterleaved) {
+    EXPECT_EQ(D, Dv) << "an interleaved pool holds K and V rows of one width";
+    EXPECT_EQ(k_dtype, v_dtype) << "an interleaved pool holds K and V of one dtype";
+    pr.v_offset = D;
+    fill_cache(pr, pr.k, pr.v_strides, pr.v_offset, Dv, v_sigma, rng);
+  } else {
+    pr.v = Buffer(v_dtype, numel);
+    pr.v.fill(std::nan(""));
+    fill_cache(pr, pr.v, pr.v_strides, 0, Dv, v_sigma, rng);
+  }
+  if (spec.k_dtype == DType::kF8E4M3) {  // the indexer's per-token scales
     pr.k_scale = Buffer(DType::kF32, int64_t(pr.num_pages) * Hkv * P);
     for (int64_t i = 0; i < pr.k_scale.numel(); ++i) pr.k_scale.set(i, rng.uniform(0.25, 2.0));
     pr.ks_strides = {Hkv * P, P, 1};
@@ -317,8 +341,12 @@ AttnResult run_attention(const Problem& pr, const IndexRows* rows, const msa::Ru
   const TensorView o = r.o.view({T, H, Dv}, {r.o_strides[0], r.o_strides[1], 1});
   const TensorView lse(r.lse.data(), DType::kF32, {T, H}, {r.lse_stride, 1});
   if (!rows && pr.spec.topk > 0) rows = &pr.rows;
+  msa::RunOptions scaled = opts;
+  scaled.q_scale = static_cast<float>(pr.spec.q_scale);
+  scaled.k_scale = static_cast<float>(pr.spec.k_scale);
+  scaled.v_scale = static_cast<float>(pr.spec.v_scale);
   msa::attention(pr.plan, pr.q_view(), pr.k_view(), pr.v_view(), pr.page_table(), pr.seqs(),
-                 rows ? rows->view() : TensorView(), o, lse, opts);
+                 rows ? rows->view() : TensorView(), o, lse, scaled);
   return r;
 }
 
@@ -332,10 +360,13 @@ std::vector<double> as_doubles(const Buffer& b) {
 
 Expected naive_attention(const Problem& pr, const IndexRows* rows, double sm_scale, int64_t token_step) {
   if (!rows && pr.spec.topk > 0) rows = &pr.rows;
-  const std::vector<double> q = as_doubles(pr.q), k = as_doubles(pr.k), v = as_doubles(pr.v);
+  const std::vector<double> q = as_doubles(pr.q), k = as_doubles(pr.k), v = as_doubles(pr.v_buffer());
   const int64_t H = pr.spec.num_qo_heads, D = pr.spec.head_dim, Dv = pr.dv(), P = pr.spec.page_size;
   const int64_t group = H / pr.spec.num_kv_heads;
-  const double scale = sm_scale > 0 ? sm_scale : 1.0 / std::sqrt(static_cast<double>(D));
+  // The scales as the float RunOptions carries them.
+  const double q_scale = static_cast<float>(pr.spec.q_scale), k_scale = static_cast<float>(pr.spec.k_scale),
+               v_scale = static_cast<float>(pr.spec.v_scale);
+  const double scale = (sm_scale > 0 ? sm_scale : 1.0 / std::sqrt(static_cast<double>(D))) * q_scale;
   Expected e;
   e.o.assign(static_cast<size_t>(pr.total_q * H * Dv), 0.0);
   e.lse.assign(static_cast<size_t>(pr.total_q * H), -kInf);
@@ -361,8 +392,8 @@ Expected naive_attention(const Problem& pr, const IndexRows* rows, double sm_sca
           if (page < 0) continue;
           double dot = 0;
           const int64_t koff = page * pr.k_strides[0] + g * pr.k_strides[1] + (j % P) * pr.k_strides[2];
-          for (int64_t d = 0; d < D; ++d) dot += q[(t * H + h) * D + d] * k[koff + d];
-          keys.push_back(page * pr.v_strides[0] + g * pr.v_strides[1] + (j % P) * pr.v_strides[2]);
+          for (int64_t d = 0; d < D; ++d) dot += q[(t * H + h) * D + d] * (k[koff + d] * k_scale);
+          keys.push_back(pr.v_offset + page * pr.v_strides[0] + g * pr.v_strides[1] + (j % P) * pr.v_strides[2]);
           scores.push_back(dot * scale);
         }
         if (keys.empty()) continue;
@@ -371,7 +402,7 @@ Expected naive_attention(const Problem& pr, const IndexRows* rows, double sm_sca
         for (double s : scores) sum += std::exp(s - m);
         for (size_t n = 0; n < keys.size(); ++n) {
           const double w = std::exp(scores[n] - m) / sum;
-          for (int64_t d = 0; d < Dv; ++d) e.o[(t * H + h) * Dv + d] += w * v[keys[n] + d];
+          for (int64_t d = 0; d < Dv; ++d) e.o[(t * H + h) * Dv + d] += w * (v[keys[n] + d] * v_scale);
         }
         e.lse[t * H + h] = m + std::log(sum);
       }

@@ -79,11 +79,17 @@ enum class KvLayout {
   kContiguous,  // [pages, H, P, D] row-major
   kSlotMajor,   // sglang's pool [slots, H, D] seen as [pages, H, P, D]
   kPadded,      // row pitch D + 8 and a gap between pages: strides that are none of the above
+  kInterleaved, // K and V the two halves of one [pages, H, P, 2D] pool (head_dim_v = head_dim)
 };
 
 struct ProblemSpec {
   DType dtype = DType::kBF16;     // q, k, v, o
   DType k_dtype = DType::kUnknown;  // kUnknown: dtype; kF8E4M3 (indexer only) adds per-token k scales
+  // Attention: K and V both fp8 e4m3, stored as unit-normal values / k_scale (v_scale), so that the
+  // dequantized cache (value x scale) is unit-normal.
+  bool fp8_kv = false;
+  // RunOptions' per-tensor scales: run_attention passes them, naive_attention applies them.
+  double q_scale = 1.0, k_scale = 1.0, v_scale = 1.0;
   int num_qo_heads = 8, num_kv_heads = 2, head_dim = 64, head_dim_v = 0;
   int page_size = 64;
   std::vector<int32_t> qo_lens, kv_lens;
@@ -109,8 +115,9 @@ struct Problem {
   std::vector<std::vector<int32_t>> pages_of;  // the truth: request b's logical page -> physical page (-1: none)
   std::vector<int32_t> table, page_indptr;     // page_indptr empty: dense [batch, table_cols]
   int64_t table_cols = 0;
-  Buffer q, k, v, k_scale;
+  Buffer q, k, v, k_scale;         // kInterleaved: k holds both halves, v is empty
   std::vector<int64_t> kv_shape, k_strides, v_shape, v_strides, ks_strides;
+  int64_t v_offset = 0;            // element of v_buffer() where V starts (kInterleaved: head_dim)
   IndexRows rows;  // sparse problems
   msa::Plan plan;
 
@@ -119,6 +126,7 @@ struct Problem {
   int64_t position(int64_t b, int64_t i) const {
     return (qo_offset.empty() ? kv_lens[b] - qo_len(b) : qo_offset[b]) + i;
   }
+  const Buffer& v_buffer() const { return spec.kv_layout == KvLayout::kInterleaved ? k : v; }
   TensorView q_view() const;
   TensorView k_view() const;
   TensorView v_view() const;
@@ -142,13 +150,15 @@ struct AttnResult {
   double o_at(int64_t t, int64_t h, int64_t d) const { return o.get(t * o_strides[0] + h * o_strides[1] + d); }
   float lse_at(int64_t t, int64_t h) const { return lse[t * lse_stride + h]; }
 };
-// msa::attention on the problem with `rows` (the problem's own when null and sparse). o starts as NaN.
+// msa::attention on the problem with `rows` (the problem's own when null and sparse), with opts and the
+// spec's q_scale / k_scale / v_scale. o starts as NaN.
 AttnResult run_attention(const Problem& pr, const IndexRows* rows = nullptr, const msa::RunOptions& opts = {});
 
 struct Expected {
   std::vector<double> o, lse;  // [total_q, Hq, Dv], [total_q, Hq]; rows outside every request: o 0, lse -inf
 };
-// The contract in float64, straight from the definitions: gather the visible keys, softmax, sum.
+// The contract in float64, straight from the definitions: gather the visible keys (K and V dequantized:
+// stored value x the spec's k_scale / v_scale), logits (q . k) * sm_scale * q_scale, softmax, sum.
 // With token_step > 1 only every token_step-th token is computed (the others stay o 0, lse -inf).
 Expected naive_attention(const Problem& pr, const IndexRows* rows = nullptr, double sm_scale = 0.0,
                          int64_t token_step = 1);

@@ -5,6 +5,7 @@
 #include <ostream>
 
 #include "core/backend.h"
+#include "core/checks.h"
 #include "test_util.h"
 
 namespace msa_test {
@@ -257,8 +258,24 @@ std::vector<BadCase> attention_cases() {
        attn([](AttnArgs& a) { a.q = with_size(a.q, 0, a.q.size(0) - 1); })},
       {"QTokensAboveDecodePlan", Vk, {fn, "'q'", "decode plan"},
        attn([](AttnArgs& a) { a.plan = msa::plan_decode(a.plan.config(), {}, 2, 1, 4096); })},
-      {"KDtypeDiffersFromQ", T, {fn, "'k'", "bfloat16 (the dtype of q), got float16"},
+      {"KDtypeDiffersFromQ", T,
+       {fn, "'k'", "bfloat16 or float8_e4m3fn (the dtype of q, or fp8 e4m3 with k_scale and v_scale), got float16"},
        attn([](AttnArgs& a) { a.k = with_dtype(a.k, DType::kF16); })},
+      // K and V are both fp8 or both in q's dtype; the message says which V must be.
+      {"KFp8VInQDtype", T, {fn, "'v'", "expected dtype float8_e4m3fn (as k: K and V are both fp8 e4m3", "got bfloat16"},
+       attn([](AttnArgs& a) { a.k = with_dtype(a.k, DType::kF8E4M3); })},
+      {"KInQDtypeVFp8", T, {fn, "'v'", "expected dtype bfloat16 (the dtype of q, as k", "got float8_e4m3fn"},
+       attn([](AttnArgs& a) { a.v = with_dtype(a.v, DType::kF8E4M3); })},
+      {"QFp8", T, {fn, "'q'", "got float8_e4m3fn"}, attn([](AttnArgs& a) {
+         a.q = with_dtype(a.q, DType::kF8E4M3);
+         a.k = with_dtype(a.k, DType::kF8E4M3);
+         a.v = with_dtype(a.v, DType::kF8E4M3);
+       })},
+      {"OutFp8", T, {fn, "'out'", "bfloat16 (the dtype of q)"}, attn([](AttnArgs& a) {
+         a.k = with_dtype(a.k, DType::kF8E4M3);
+         a.v = with_dtype(a.v, DType::kF8E4M3);
+         a.o = with_dtype(a.o, DType::kF8E4M3);
+       })},
       // A dtype msa takes nowhere is named as such, for the first argument (in the order of the signature)
       // whose dtype is wrong.
       {"KFloat64", T, {fn, "'k'", "got float64"}, attn([](AttnArgs& a) { a.k = with_dl_dtype(a.k, {2, 64, 1}); })},
@@ -333,6 +350,14 @@ std::vector<BadCase> attention_cases() {
       {"PageIndptrSize", Vk, {fn, "'page_indptr'", "batch_size + 1"},
        attn([](AttnArgs& a) { a.pages.indptr = with_size(a.pages.indptr, 0, 2); }, true)},
       {"SmScaleNotFinite", Vk, {fn, "'sm_scale'"}, attn([](AttnArgs& a) { a.opts.sm_scale = NAN; })},
+      {"QScaleZero", Vk, {fn, "'q_scale'", "finite number > 0, got 0"}, attn([](AttnArgs& a) { a.opts.q_scale = 0; })},
+      {"KScaleNegative", Vk, {fn, "'k_scale'", "got -2"}, attn([](AttnArgs& a) { a.opts.k_scale = -2; })},
+      {"KScaleNaN", Vk, {fn, "'k_scale'", "got nan"}, attn([](AttnArgs& a) { a.opts.k_scale = NAN; })},
+      {"VScaleInfinite", Vk, {fn, "'v_scale'", "got inf"}, attn([](AttnArgs& a) { a.opts.v_scale = INFINITY; })},
+      {"ScaleProductOverflows", Vk, {fn, "'sm_scale' * 'q_scale' * 'k_scale'", "float range"}, attn([](AttnArgs& a) {
+         a.opts.q_scale = 1e30f;
+         a.opts.k_scale = 1e30f;
+       })},
       // Values of the lengths (host-readable on the CPU).
       {"QoIndptrFirstNonzero", Vk, {fn, "'qo_indptr'", "qo_indptr[0] = 0"},
        attn_values([](V& qi, V&, V&, V&, V&, IndexRows&) { qi = {1, 20, 25}; })},
@@ -375,6 +400,34 @@ std::vector<BadCase> attention_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Attention, BadInput, ::testing::ValuesIn(attention_cases()), case_name);
+
+TEST(Validation, Fp8KvWithScalesIsAValidCpuCall) {
+  AttnArgs a = valid_attention();
+  a.k = with_dtype(a.k, DType::kF8E4M3);  // the bf16 bytes read as e4m3 codes (NaN ones included)
+  a.v = with_dtype(a.v, DType::kF8E4M3);
+  a.opts.q_scale = 0.5f, a.opts.k_scale = 3.0f, a.opts.v_scale = 0.01f;
+  EXPECT_NO_THROW(a());
+}
+
+// The CUDA backend's refusals run in the validation layer, before anything launches; they are checked
+// here directly, since a build without CUDA stops CUDA tensors earlier (no CUDA backend).
+TEST(Validation, TheCudaBackendRefusesFp8KvAndAnOutputScale) {
+  using msa::detail::check_cuda_attention_support;
+  const AttnArgs a = valid_attention();
+  const TensorView k8 = with_dtype(a.k, DType::kF8E4M3), v8 = with_dtype(a.v, DType::kF8E4M3);
+  msa::RunOptions opts;
+  expect_msa_error([&] { check_cuda_attention_support("msa.attention", k8, v8, opts); }, ErrorKind::kNotImplemented,
+                   {"msa.attention: argument 'k'", "fp8 e4m3 K/V runs on the CPU backend only",
+                    "the CUDA kernels take K/V in the dtype of q"});
+  expect_msa_error([&] { check_cuda_attention_support("msa.sparse_attention_layer", a.k, v8, opts); },
+                   ErrorKind::kNotImplemented, {"msa.sparse_attention_layer: argument 'v'", "CPU backend only"});
+  opts.v_scale = 0.5f;
+  expect_msa_error([&] { check_cuda_attention_support("msa.attention", a.k, a.v, opts); }, ErrorKind::kNotImplemented,
+                   {"msa.attention: argument 'v_scale'", "no output scale", "got 0.5"});
+  opts.v_scale = 1.0f;
+  opts.q_scale = 0.3f, opts.k_scale = 7.0f;  // folded into sm_scale: the kernels run them
+  EXPECT_NO_THROW(check_cuda_attention_support("msa.attention", a.k, a.v, opts));
+}
 
 // ---- block_scores ----
 

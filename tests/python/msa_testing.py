@@ -17,7 +17,7 @@ Float data are float32 values already rounded to the requested dtype's precision
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -395,12 +395,44 @@ def to_torch(prob: Problem, device="cuda", dtype=None):
 
 
 def numpy_dtype(dtype: str) -> np.dtype:
-    """The numpy dtype of "fp32" / "fp16" / "bf16" (bfloat16 comes from ml_dtypes, imported here)."""
-    if dtype == "bf16":
+    """The numpy dtype of "fp32" / "fp16" / "bf16" / "fp8" (bfloat16 and float8_e4m3fn come from ml_dtypes,
+    imported here)."""
+    if dtype in ("bf16", "fp8"):
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(ml_dtypes.bfloat16 if dtype == "bf16" else ml_dtypes.float8_e4m3fn)
     return np.dtype({"fp32": np.float32, "fp16": np.float16}[dtype])
+
+
+def fp8_kv(prob: Problem, k_scale: float, v_scale: float, interleaved: bool = False):
+    """prob's K and V quantized to float8_e4m3fn with per-tensor scales: the pools hold k / k_scale and v / v_scale
+    (ml_dtypes' round to nearest even), as two pools in prob's layout or, interleaved, as the two halves of one
+    [pages, Hkv, P, 2D] pool (D = Dv). Returns (k8, v8, k_deq, v_deq): the fp8 views and their dequantized values
+    (e4m3 value x scale, float64, the same shapes), which ref_attention takes in place of prob's."""
+    f8 = numpy_dtype("fp8")
+    if interleaved:
+        assert prob.head_dim == prob.head_dim_v, "an interleaved pool holds K and V rows of one width"
+        D = prob.head_dim
+        pool = np.empty((*prob.k_cache.shape[:3], 2 * D), f8)
+        pool[..., :D] = (prob.k_cache / k_scale).astype(f8)
+        pool[..., D:] = (prob.v_cache / v_scale).astype(f8)
+        k8, v8 = pool[..., :D], pool[..., D:]
+    else:
+        k8 = np.empty_like(prob.k_cache, dtype=f8)  # keeps prob's strides (slot-major views)
+        v8 = np.empty_like(prob.v_cache, dtype=f8)
+        k8[...] = (prob.k_cache / k_scale).astype(f8)
+        v8[...] = (prob.v_cache / v_scale).astype(f8)
+    return k8, v8, k8.astype(np.float64) * k_scale, v8.astype(np.float64) * v_scale
+
+
+def scaled_reference(prob: Problem, k_values=None, v_values=None, *, q_scale=1.0, k_scale=1.0, v_scale=1.0):
+    """ref_attention over the given K/V values (default prob's) with the per-tensor scales of msa.attention:
+    logits (q . k) * sm_scale * q_scale * k_scale, output times v_scale."""
+    k = prob.k_cache if k_values is None else k_values
+    v = prob.v_cache if v_values is None else v_values
+    scaled = replace(prob, k_cache=np.asarray(k, np.float64) * k_scale, v_cache=np.asarray(v, np.float64) * v_scale,
+                     sm_scale=prob.sm_scale * q_scale)
+    return ref_attention(scaled)
 
 
 def to_numpy(prob: Problem, dtype=None) -> dict:

@@ -30,21 +30,25 @@ def _prefill_flops(chunk, prefix):
     return attention, indexer
 
 
-def _decode_bytes(batch, kv_len):
+def _decode_bytes(batch, kv_len, kv_elem_bytes=2):
     """kv_len = 16 * 128 keys: every block selected, each read once per request and KV head."""
-    attention = batch * (kv_len * HKV * 2 * D * 2 + HQ * 2 * D * 2)
+    attention = batch * (kv_len * HKV * 2 * D * kv_elem_bytes + HQ * 2 * D * 2)
     indexer = batch * (kv_len + HKV) * DI * 2
     return attention, indexer
 
 
-@pytest.mark.parametrize("pattern", ["indexer", "random"])
-def test_demo_rate_is_the_effective_work_over_the_time(pattern):
+@pytest.mark.parametrize("pattern,kv_dtype", [("indexer", "bf16"), ("random", "bf16"), ("random", "fp8")])
+def test_demo_rate_is_the_effective_work_over_the_time(pattern, kv_dtype):
+    """fp8 K/V (e4m3 with per-tensor scales, checked against float64 over the dequantized cache) count one byte
+    per element."""
     chunk, prefix, batch, kv_len = 128, 2048, 2, 2048
-    run = subprocess.run([_cli(), "demo", "--backend", "cpu", "--pattern", pattern, "--chunk", str(chunk),
-                          "--prefix", str(prefix), "--decode-batch", str(batch), "--decode-len", str(kv_len),
-                          "--check-rows", "16"], capture_output=True, text=True, timeout=600)
+    run = subprocess.run([_cli(), "demo", "--backend", "cpu", "--pattern", pattern, "--kv-dtype", kv_dtype,
+                          "--chunk", str(chunk), "--prefix", str(prefix), "--decode-batch", str(batch),
+                          "--decode-len", str(kv_len), "--check-rows", "16"], capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
-    expected = {"prefill": _prefill_flops(chunk, prefix), "decode": _decode_bytes(batch, kv_len)}
+    expected = {"prefill": _prefill_flops(chunk, prefix),
+                "decode": _decode_bytes(batch, kv_len, 1 if kv_dtype == "fp8" else 2)}
     for phase, (attention, indexer) in expected.items():
         work = attention + (indexer if pattern == "indexer" else 0)
         row = re.search(rf"^{phase}\s+cpu\s+.+?\s\s+([\d.]+) (s|ms|us)\s+([\d.]+) ([kMGT])(FLOP|B)/s", run.stdout,

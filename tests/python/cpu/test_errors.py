@@ -91,8 +91,8 @@ def test_validate_reports_bad_page_ids(case):
 
 def test_dtype_errors_name_the_first_wrong_argument(case):
     """The first argument (in the order of the signature) whose dtype is wrong is named, with the dtypes it
-    takes: only float types for q, q's dtype for k, v and out. Dtypes msa takes nowhere (float64, bool) are
-    reported by the same checks, not by the import."""
+    takes: only float types for q, q's dtype (or fp8 e4m3) for k, k's for v, q's for out. Dtypes msa takes
+    nowhere (float64, bool) are reported by the same checks, not by the import."""
     prob, plan, a = case
     with pytest.raises(TypeError) as info:
         call(plan, a, q=a["q"].astype(np.int32), k_cache=a["k_cache"].astype(np.float64))
@@ -102,10 +102,11 @@ def test_dtype_errors_name_the_first_wrong_argument(case):
         call(plan, a, q=a["q"].astype(np.float64))
     assert str(info.value) == ("msa.attention: argument 'q': expected dtype bfloat16, float16 or float32, "
                                "got float64")
-    with pytest.raises(TypeError, match=r"^msa.attention: argument 'k': expected dtype float32 \(the dtype of q\), "
-                                        r"got float16$"):
+    with pytest.raises(TypeError, match=r"^msa.attention: argument 'k': expected dtype float32 or float8_e4m3fn "
+                                        r"\(the dtype of q, or fp8 e4m3 with k_scale and v_scale\), got float16$"):
         call(plan, a, k_cache=a["k_cache"].astype(np.float16))
-    with pytest.raises(TypeError, match=r"argument 'v': expected dtype float32 \(the dtype of q\), got float64"):
+    with pytest.raises(TypeError, match=r"argument 'v': expected dtype float32 \(the dtype of q, as k: .*\), "
+                                        r"got float64"):
         call(plan, a, v_cache=a["v_cache"].astype(np.float64))
     with pytest.raises(TypeError, match=r"argument 'kv_lens': expected dtype int32, got bool"):
         call(plan, a, kv_lens=a["kv_lens"].astype(bool))
