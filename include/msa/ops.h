@@ -99,6 +99,20 @@ void sparse_attention_layer(const Plan& plan, const TensorView& q, const TensorV
                             int force_end, const TensorView& scores, ScoreLayout layout, const TensorView& block_idx,
                             const TensorView& o, const TensorView& lse = {}, const RunOptions& opts = {});
 
+// The KV-cache writer: the rows of src [n, H, D] go to the paged cache [num_pages, H, page_size, D] at the
+// slots slot_ids[i] (slot s: page s / page_size, offset s % page_size); a negative slot id skips its row.
+//   cache dtype = src dtype: a plain copy. cache fp8 e4m3: stored = e4m3(satfinite(src / scale)), rounded to
+//   nearest even, saturating at +-448, NaN stored as NaN (0x7f); a stored value means its e4m3 value x scale.
+//   Per-tensor `scale` (> 0, finite), or per-slot scales when slot_scale [num_pages, H, page_size] fp32 is
+//   given (the k_scale of block_scores' fp8 index keys): each row's scale is amax(|finite elements|) / 448,
+//   1 where that is 0, written to slot_scale with the row.
+//   src bf16 / fp16 (fp32 on the CPU); cache and slot_scale any strides, innermost contiguous; slot_ids [n]
+//   int32 / int64. Graph-safe on CUDA (no allocation, no host read); slots >= num_pages * page_size are
+//   refused on the CPU and by RunOptions::validate, skipped by the GPU kernel. Duplicate slots are a caller
+//   error: which row a GPU slot keeps is unspecified.
+void write_cache(const TensorView& src, const TensorView& cache, const TensorView& slot_ids, float scale = 1.0f,
+                 const TensorView& slot_scale = {}, const RunOptions& opts = {});
+
 // True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.
 bool cuda_available();
 

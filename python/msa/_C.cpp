@@ -486,6 +486,20 @@ void bind_ops(nb::module_& m) {
       "Binding of msa::build_page_table; use msa.build_page_table.");
 
   m.def(
+      "write_cache",
+      [](nb::handle src, nb::handle cache, nb::handle slot_ids, float scale, nb::handle slot_scale, bool validate,
+         int64_t stream) {
+        Call call("msa.write_cache");
+        const msa::TensorView src_v = call.in(src, "src"), ids_v = call.in(slot_ids, "slot_ids");
+        const msa::TensorView cache_v = call.out(cache, "cache"), ss_v = call.out(slot_scale, "slot_scale");
+        const msa::RunOptions opts{0.0f, call.stream(stream, src, src_v), validate};
+        nb::gil_scoped_release nogil;
+        msa::write_cache(src_v, cache_v, ids_v, scale, ss_v, opts);
+      },
+      "src"_a, "cache"_a, "slot_ids"_a, "scale"_a, "slot_scale"_a.none(), "validate"_a, "stream"_a = 0,
+      "Binding of msa::write_cache; use msa.write_cache.");
+
+  m.def(
       "_set_fast_import",
       [](bool on) {
         const bool was = g_fast_import;

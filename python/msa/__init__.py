@@ -13,6 +13,7 @@ serving-engine drop-ins of msa.engines, imported as msa.sglang and msa.fmha_sm10
 """
 from ._C import cuda_available
 from .ops import attention, block_scores, build_page_table, merge_states, select_topk, sparse_attention_layer
+from .ops import write_cache
 from .plan import Plan, plan_decode, plan_prefill
 
 __version__ = "0.1.0"
@@ -28,4 +29,5 @@ __all__ = [
     "plan_prefill",
     "select_topk",
     "sparse_attention_layer",
+    "write_cache",
 ]

@@ -1,4 +1,4 @@
-"""The run-time entry points: attention, the indexer's two steps, and utilities.
+"""The run-time entry points: attention, the indexer's two steps, the KV-cache writer, and utilities.
 
 Every function takes DLPack tensors of any framework (numpy, torch, cupy, jax, ...): CPU tensors run the
 reference backend, CUDA tensors the GPU kernels. Outputs that are not passed are allocated with the
@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _C
 from ._args import integer, real
-from ._framework import cpu_ints, host_max, new_output, resolve_stream
+from ._framework import cpu_ints, host_max, new_output, resolve_stream, torch_of
 
 BLOCK = 128  # tokens per selectable block (the contract's fixed block size)
 _LAYOUTS = ("HKT", "THK")
@@ -290,3 +290,49 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
     if not return_block_idx:
         return res
     return (*res, block_idx) if return_lse else (res, block_idx)
+
+
+def write_cache(src, cache, slot_ids, *, scale=None, slot_scale=None, validate=False, stream=None):
+    """Writes the rows of new tokens into a paged cache at their slots, converting to the cache's dtype
+    (the K, V and index-K writes of every engine step; contract §7).
+
+    Row (i, h) of src goes to page slot_ids[i] // page_size, offset slot_ids[i] % page_size, head h; a
+    negative slot id skips its row (padding). A cache of src's dtype gets a plain copy. A float8_e4m3fn cache
+    gets e4m3(satfinite(src / scale)): fp32 division, rounded to nearest even, saturating at +-448 (infinities
+    too), NaN stored as 0x7f; a stored value means its e4m3 value times the scale. With slot_scale (the fp8
+    index keys' per-token k_scale of msa.block_scores), each row's scale is amax(|finite elements|) / 448, or 1
+    where that is 0, and is written to slot_scale beside the row.
+
+    Graph-safe on CUDA: no allocation and no host read of the slot ids, so a captured call writes wherever the
+    ids say at replay. A slot id >= num_pages * page_size is refused on the CPU and with validate=True, skipped
+    by the GPU kernel (never written out of bounds). Duplicate slot ids are a caller error: the CPU keeps the
+    last row; which row a GPU slot keeps (and, with slot_scale, whether row and scale come from one writer) is
+    unspecified.
+
+    Args:
+        src: [n, H, D], bf16 / fp16 (fp32 also on the CPU), innermost dim contiguous.
+        cache: [num_pages, H, page_size, D] in src's dtype or float8_e4m3fn, any strides with the innermost dim
+            contiguous: sglang's slot-major pool [slots, H, D] is view(pages, page_size, H, D).permute(0, 2, 1, 3),
+            and the K and V halves of an interleaved [pages, H, page_size, 2D] pool are [..., :D] and [..., D:].
+        slot_ids: int32 / int64 [n] on the cache's device.
+        scale: the per-tensor scale of an fp8 cache, a host number > 0 (used as float32); None means 1.
+            Only for fp8 caches, and not together with slot_scale.
+        slot_scale: fp32 [num_pages, H, page_size] (any strides), written with per-row scales; fp8 caches only.
+        validate: CUDA tensors: read the slot ids on the host and report the first one past the cache
+            (synchronizes). CPU slot ids are always checked.
+        stream: as for msa.attention.
+    """
+    fn = "msa.write_cache"
+    if scale is None:
+        value = 1.0
+    else:
+        torch = torch_of(scale)
+        if torch is not None and scale.device.type != "cpu":
+            raise TypeError(f"{fn}: argument 'scale': expected a host number, got a tensor on {scale.device} "
+                            f"(reading it would synchronize; pass float(scale) once, outside graph capture)")
+        if isinstance(scale, bool) or not hasattr(type(scale), "__float__"):  # not str: float("2") parses
+            raise TypeError(f"{fn}: argument 'scale': expected a number or None, got {type(scale).__name__}")
+        value = float(scale)
+        if not (math.isfinite(value) and value > 0.0):
+            raise ValueError(f"{fn}: argument 'scale': expected a finite number > 0, got {value}")
+    _C.write_cache(src, cache, slot_ids, value, slot_scale, bool(validate), resolve_stream(fn, stream, src))

@@ -24,6 +24,7 @@ void block_scores(const BlockScoresParams& p);
 void select_topk(const SelectTopkParams& p);
 void merge_states(const MergeParams& p);
 void build_page_table(const PageTableBuildParams& p);
+void write_cache(const WriteCacheParams& p);
 }  // namespace reference
 
 namespace cuda {  // src/cuda/: defined when built with CUDA, otherwise stubs that throw kNotImplemented
@@ -38,6 +39,7 @@ void block_scores(const BlockScoresParams& p, void* stream);
 void select_topk(const SelectTopkParams& p, void* stream);
 void merge_states(const MergeParams& p, void* stream);
 void build_page_table(const PageTableBuildParams& p, void* stream);
+void write_cache(const WriteCacheParams& p, void* stream);
 // Deep validation helper: synchronous copy of device memory to the host.
 void copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
 }  // namespace cuda

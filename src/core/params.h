@@ -120,4 +120,24 @@ struct PageTableBuildParams {
   int32_t max_pages = 0;
 };
 
+// The KV-cache writer: row (i, h) of src goes to slot slots[i] of head h of the cache.
+struct WriteCacheParams {
+  ScalarType src_dtype = ScalarType::kBF16;
+  ScalarType cache_dtype = ScalarType::kBF16;  // src_dtype (a copy) or kF8E4M3
+  const void* src = nullptr;
+  int64_t src_stride_token = 0, src_stride_head = 0;
+  int64_t num_tokens = 0;
+  int32_t num_heads = 0, dim = 0;
+  void* cache = nullptr;
+  int64_t stride_page = 0, stride_head = 0, stride_token = 0;  // elements of the cache dtype
+  int64_t num_pages = 0;
+  int32_t page_size = 0;
+  const void* slots = nullptr;  // [num_tokens]; < 0 skips the row, >= num_pages * page_size is skipped too
+  bool slots_i64 = false;
+  int64_t slot_stride = 0;
+  float scale = 1.f;  // fp8 with per-tensor scale: stored = e4m3(satfinite(src / scale))
+  float* slot_scale = nullptr;  // fp8 with per-slot scales when non-null: [num_pages, heads, page_size]
+  int64_t ss_stride_page = 0, ss_stride_head = 0, ss_stride_token = 0;
+};
+
 }  // namespace msa::detail

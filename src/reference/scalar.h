@@ -94,6 +94,13 @@ inline uint8_t float_to_fp8e4m3(float f) {
   return sign | uint8_t(code > 0x7eu ? 0x7fu : code);
 }
 
+// The KV-cache writer's conversion (cvt.rn.satfinite.e4m3x2's rule): round to nearest even, finite values
+// past 448 in magnitude and infinities saturate to +-448, NaN becomes the positive NaN 0x7f.
+inline uint8_t float_to_fp8e4m3_satfinite(float f) {
+  if (std::isnan(f)) return 0x7fu;
+  return float_to_fp8e4m3(std::fmin(std::fmax(f, -448.0f), 448.0f));
+}
+
 inline float load_scalar(const void* base, ScalarType t, int64_t i) {
   switch (t) {
     case ScalarType::kF32: return static_cast<const float*>(base)[i];

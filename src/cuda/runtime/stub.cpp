@@ -20,6 +20,7 @@ void block_scores(const BlockScoresParams&, void*) { no_cuda(); }
 void select_topk(const SelectTopkParams&, void*) { no_cuda(); }
 void merge_states(const MergeParams&, void*) { no_cuda(); }
 void build_page_table(const PageTableBuildParams&, void*) { no_cuda(); }
+void write_cache(const WriteCacheParams&, void*) { no_cuda(); }
 void copy_to_host(void*, const void*, size_t, void*) { no_cuda(); }
 
 }  // namespace msa::detail::cuda
