@@ -465,4 +465,12 @@ void expect_msa_error(const std::function<void()>& fn, msa::ErrorKind kind, cons
   ADD_FAILURE() << "no msa::Error thrown";
 }
 
+void expect_padding_rows_empty(const Problem& pr, const AttnResult& got) {
+  for (int64_t t = pr.qo_indptr.back(); t < pr.total_q; ++t)
+    for (int64_t h = 0; h < pr.spec.num_qo_heads; ++h) {
+      EXPECT_EQ(got.lse_at(t, h), -std::numeric_limits<double>::infinity());
+      for (int d = 0; d < pr.dv(); ++d) EXPECT_EQ(got.o_at(t, h, d), 0.0);
+    }
+}
+
 }  // namespace msa_test

@@ -170,6 +170,8 @@ Tolerance tolerance_for(DType t);
 // o and lse of every token inside a request (every token_step-th) against the reference; a -inf lse
 // must match exactly, with o = 0.
 void expect_attention_matches(const Problem& pr, const AttnResult& got, const Expected& ref, int64_t token_step = 1);
+// The q rows past the last request's tokens (a decode plan's padding) see no key: o = 0, lse = -inf.
+void expect_padding_rows_empty(const Problem& pr, const AttnResult& got);
 
 // Runs fn and expects an msa::Error of `kind` whose message contains every needle.
 void expect_msa_error(const std::function<void()>& fn, msa::ErrorKind kind, const std::vector<std::string>& needles);
