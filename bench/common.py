@@ -160,8 +160,8 @@ def time_flushed(fn, iters: int = 20, warmup: int = 3, graph: bool = True, flush
         run()
     cache = flush_buffer(flush_bytes)
     if not _LEAD["done"]:
-        # The first configuration timed in a process reads ~3% slow whatever it runs (docs/performance.md; prefill variants in one
-        # process): the process's first timing is taken twice, the first discarded.
+        # The first configuration timed in a process reads ~3% slow whatever it runs (docs/performance.md,
+        # measured on prefill variants in one process): its first timing is taken twice, the first discarded.
         _LEAD["done"] = True
         median_back_to_back(run, iters, before=cache.zero_)
     return median_back_to_back(run, iters, before=cache.zero_)
