@@ -1,48 +1,75 @@
-// fp8 e4m3 (OCP "e4m3fn": no infinities, 0x7F / 0xFF = NaN) -> fp16 / bf16, exactly. The kernels that
-// read an fp8 K/V cache convert each tile in shared memory and keep their 16-bit MMAs, so an fp8 cache
-// is as accurate as a 16-bit one against float64 over the dequantized values.
+// fp8 e4m3 (OCP "e4m3fn": no infinities, 0x7F / 0xFF = NaN) -> fp16 / bf16. Every e4m3 value is an fp16
+// value, so the conversion is exact; kernels that read fp8 keys or K/V tiles convert them and keep their
+// 16-bit MMAs, as accurate as a 16-bit cache against float64 over the dequantized values.
 //
-// e4m3 -> fp16 is one instruction per pair on sm_89+ (cvt.rn.f16x2.e4m3x2: F2FP.F16.E4M3.UNPACK_B) and
-// exact: every e4m3 value, subnormals and NaN included, is an fp16 value. bf16 has no such instruction:
-// the pair goes through fp16 and fp32 (two HADD2.F32 and one F2FP.BF16.F32.PACK_AB, exact as well), so
-// V tiles, whose values only meet P, are converted to fp16 whatever q's type (P V runs on fp16 MMAs) and
-// only K tiles take q's type. On sm_80 / sm_86 cuda_fp8.h's conversion is a short integer sequence.
+// sm_89+ has the instruction (cvt.rn.f16x2.e4m3x2, one per pair: F2FP.F16.E4M3.UNPACK_B). Elsewhere the
+// bits are moved under fp16's (two instructions per pair), which reads value * 2^-8 (the exponent biases
+// differ by 8, subnormals included; the NaN encoding reads as 480 * 2^-8 there): e4m3x4_to_f16x4_raw
+// returns that, and e4m3_f16_unscale() is the factor a caller folds into a later scale. bf16 has no such
+// instruction: a bf16 pair goes through fp32 (two HADD2.F32 and one F2FP.BF16.F32.PACK_AB on sm_90).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
 
 namespace msa::detail::cuda::arch {
 
-// Two e4m3 bytes (the low 16 bits of x, byte 0 first) -> an f16x2 word (byte 0 in the low half).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+// The factor e4m3x4_to_f16x4_raw's values are short of the e4m3 values: 1 on sm_89+, 2^8 before.
+__device__ __forceinline__ float e4m3_f16_unscale() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return 1.f;
+#else
+  return 256.f;
+#endif
 }
 
-// Two e4m3 bytes -> a packed pair of T (fp16, or bf16 through fp32).
+// Four e4m3 bytes (lowest first) -> two f16x2 words, {bytes 0,1} and {bytes 2,3}, each value the e4m3
+// value divided by e4m3_f16_unscale().
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4_raw(uint32_t w) {
+  uint2 r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n cvt.rn.f16x2.e4m3x2 %1, hi;\n}"
+      : "=r"(r.x), "=r"(r.y)
+      : "r"(w));
+#else
+  const uint32_t lo = __byte_perm(w, 0u, 0x1404);  // bytes 0,1 into the high byte of each half
+  const uint32_t hi = __byte_perm(w, 0u, 0x3424);  // bytes 2,3
+  r.x = ((lo >> 1) & 0x3F803F80u) | (lo & 0x80008000u);
+  r.y = ((hi >> 1) & 0x3F803F80u) | (hi & 0x80008000u);
+#endif
+  return r;
+}
+
+// An f16x2 word of e4m3x4_to_f16x4_raw -> the exact values as a packed pair of T.
 template <typename T>
-__device__ __forceinline__ uint32_t e4m3x2_to(uint32_t x) {
-  const uint32_t h = e4m3x2_to_f16x2(x);
+__device__ __forceinline__ uint32_t f16x2_raw_to(uint32_t h) {
   if constexpr (std::is_same_v<T, __half>) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     return h;
+#else
+    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), __half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00)));
+    return *reinterpret_cast<const uint32_t*>(&v);  // * 2^8: exact
+#endif
   } else {
     static_assert(std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16");
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    const float u = e4m3_f16_unscale();
+    f.x *= u, f.y *= u;  // folded away on sm_89+ (u = 1)
     const __nv_bfloat162 b = __float22bfloat162_rn(f);
     return *reinterpret_cast<const uint32_t*>(&b);
   }
 }
 
-// Sixteen e4m3 bytes -> sixteen values of T: out0 holds elements 0-7, out1 elements 8-15.
+// Sixteen e4m3 bytes -> sixteen values of T, exactly: out0 holds elements 0-7, out1 elements 8-15.
 template <typename T>
 __device__ __forceinline__ void e4m3x16_to(const uint4& in, uint4& out0, uint4& out1) {
-  out0 = make_uint4(e4m3x2_to<T>(in.x), e4m3x2_to<T>(in.x >> 16), e4m3x2_to<T>(in.y), e4m3x2_to<T>(in.y >> 16));
-  out1 = make_uint4(e4m3x2_to<T>(in.z), e4m3x2_to<T>(in.z >> 16), e4m3x2_to<T>(in.w), e4m3x2_to<T>(in.w >> 16));
+  const uint2 a = e4m3x4_to_f16x4_raw(in.x), b = e4m3x4_to_f16x4_raw(in.y);
+  const uint2 c = e4m3x4_to_f16x4_raw(in.z), d = e4m3x4_to_f16x4_raw(in.w);
+  out0 = make_uint4(f16x2_raw_to<T>(a.x), f16x2_raw_to<T>(a.y), f16x2_raw_to<T>(b.x), f16x2_raw_to<T>(b.y));
+  out1 = make_uint4(f16x2_raw_to<T>(c.x), f16x2_raw_to<T>(c.y), f16x2_raw_to<T>(d.x), f16x2_raw_to<T>(d.y));
 }
 
 }  // namespace msa::detail::cuda::arch

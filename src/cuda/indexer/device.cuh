@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "core/params.h"
+#include "cuda/arch/fp8.cuh"
 #include "cuda/arch/sm80.cuh"
 #include "cuda/indexer/config.h"
 
@@ -133,33 +134,7 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// fp8 e4m3 keys become fp16 for the mma: exact, since every e4m3 value is an fp16 value. sm_89+ has a
-// conversion instruction; elsewhere the bits are moved into place, which yields value * 2^-8 (the
-// exponent bias differs by 8, subnormals included), undone by f8_unscale().
-__device__ __forceinline__ float f8_unscale() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  return 1.f;
-#else
-  return 256.f;
-#endif
-}
-
-// Four e4m3 bytes (lowest first) -> two f16x2 words: {bytes 0,1}, {bytes 2,3}.
-__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t w) {
-  uint2 r;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n cvt.rn.f16x2.e4m3x2 %1, hi;\n}"
-      : "=r"(r.x), "=r"(r.y)
-      : "r"(w));
-#else
-  const uint32_t lo = __byte_perm(w, 0u, 0x1404);  // bytes 0,1 into the high byte of each half
-  const uint32_t hi = __byte_perm(w, 0u, 0x3424);  // bytes 2,3
-  r.x = ((lo >> 1) & 0x3F803F80u) | (lo & 0x80008000u);
-  r.y = ((hi >> 1) & 0x3F803F80u) | (hi & 0x80008000u);
-#endif
-  return r;
-}
-
+// fp8 e4m3 keys become fp16 for the mma (arch/fp8.cuh: e4m3x4_to_f16x4_raw, e4m3_f16_unscale).
 // Per-row power-of-two scale that brings a query row into fp16 range for the fp8 path: amax * 2^e lands
 // in [2^14, 2^15), so a bf16 row converts to fp16 without overflow or loss of its 8 significant bits.
 // Returns e in [-126, 126] so that both 2^e and 2^-e are normal floats.

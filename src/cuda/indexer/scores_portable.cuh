@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
       const int e = fp16_row_exponent(amax);
 #pragma unroll
       for (int s = 0; s < 4; ++s) qa[h][s] = chunk_to_scaled_f16<QT>(qa[h][s], exp2_int(e));
-      inv[h] = exp2_int(-e) * f8_unscale();
+      inv[h] = exp2_int(-e) * arch::e4m3_f16_unscale();
     }
   }
 
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
       for (int s = 0; s < 4; ++s) {
         if constexpr (Tr::kF8) {
           const uint2 raw = *reinterpret_cast<const uint2*>(ks + Tr::chunk_offset(kr, t + 4 * s));
-          const uint2 lo = e4m3x4_to_f16x4(raw.x), hi4 = e4m3x4_to_f16x4(raw.y);
+          const uint2 lo = arch::e4m3x4_to_f16x4_raw(raw.x), hi4 = arch::e4m3x4_to_f16x4_raw(raw.y);
           kb[s] = make_uint4(lo.x, lo.y, hi4.x, hi4.y);
         } else {
           kb[s] = *reinterpret_cast<const uint4*>(ks + Tr::chunk_offset(kr, t + 4 * s));

@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
         const int e = fp16_row_exponent(amax);
 #pragma unroll
         for (int u = 0; u < 4; ++u) qf[u] = chunk_to_scaled_f16<QT>(qf[u], exp2_int(e));
-        inv_g = exp2_int(-e) * f8_unscale();
+        inv_g = exp2_int(-e) * arch::e4m3_f16_unscale();
       } else {
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
@@ -261,8 +261,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
                 const uint4 kb = arch::ld_shared_v4(base + r1 * 128 + ((q ^ g) << 4));
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                  const uint2 xa = e4m3x4_to_f16x4(word(ka, u));
-                  const uint2 xb = e4m3x4_to_f16x4(word(kb, u));
+                  const uint2 xa = arch::e4m3x4_to_f16x4_raw(word(ka, u));
+                  const uint2 xb = arch::e4m3x4_to_f16x4_raw(word(kb, u));
                   const uint4& qv = qf[2 * jj + (u >> 1)];
                   arch::mma_m16n8k16<__half>(acc, xa.x, xb.x, xa.y, xb.y, word(qv, 2 * (u & 1)),
                                              word(qv, 2 * (u & 1) + 1));

@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kStreamMinCtasPerSm)
         const int e = fp16_row_exponent(amax);
 #pragma unroll
         for (int s = 0; s < 4; ++s) qf[s] = chunk_to_scaled_f16<QT>(qf[s], exp2_int(e));
-        inv_g = exp2_int(-e) * f8_unscale();
+        inv_g = exp2_int(-e) * arch::e4m3_f16_unscale();
       }
     }
     // Accumulator columns of this thread: 2t and 2t+1.
@@ -162,8 +162,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kStreamMinCtasPerSm)
               for (int e = 0; e < 2; ++e) {
                 uint32_t a0, a1, a2, a3;
                 if constexpr (Tr::kF8) {
-                  const uint2 xa = e4m3x4_to_f16x4(word(ka[tt][s >> 1], (s & 1) * 2 + e));
-                  const uint2 xb = e4m3x4_to_f16x4(word(kb[tt][s >> 1], (s & 1) * 2 + e));
+                  const uint2 xa = arch::e4m3x4_to_f16x4_raw(word(ka[tt][s >> 1], (s & 1) * 2 + e));
+                  const uint2 xb = arch::e4m3x4_to_f16x4_raw(word(kb[tt][s >> 1], (s & 1) * 2 + e));
                   a0 = xa.x, a2 = xa.y, a1 = xb.x, a3 = xb.y;
                 } else {
                   a0 = word(ka[tt][s], 2 * e), a2 = word(ka[tt][s], 2 * e + 1);
