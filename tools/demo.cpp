@@ -105,15 +105,6 @@ bool run_phase(const PhaseJob& job, bool cuda, const DemoOptions& opt, const Dem
   PhaseRow row{job.name, cuda ? "cuda" : "cpu", job.shape, "-", "-", "-", "-", "-"};
   const std::string prefix = std::string(job.name) + ": ";
   try {
-#ifdef MSA_WITH_CUDA
-    if (cuda && job.spec.kv_dtype == KvDtype::kFp8) {
-      // Whether the CUDA backend takes fp8 K/V, asked with a one-key call before gigabytes of data are
-      // built: the library refuses what it cannot run (NotImplemented), and its error ends the phase.
-      WorkloadSpec probe = job.spec;
-      probe.batch = 1, probe.qo_len = 1, probe.kv_len = 1;
-      run_on_cuda(make_workload(probe), 1);
-    }
-#endif
     progress(prefix + "building synthetic data (" + format_bytes(workload_bytes(job.spec)) + " on the host)");
     Workload w = make_workload(job.spec);
     progress(prefix + format("running on %s, %d timed run%s%s", row.backend.c_str(), sizes.repeat,

@@ -42,7 +42,7 @@ inline constexpr int64_t kDefaultCheckRows = 512;
 
 enum class BackendChoice { kAuto, kCpu, kCuda };
 enum class Pattern { kRandom, kClustered, kShared, kIndexer };
-// The K/V cache: bf16, or fp8 e4m3 with per-tensor scales (the CPU backend only; the CUDA backend refuses it).
+// The K/V cache: bf16, or fp8 e4m3 with per-tensor scales.
 enum class KvDtype { kBf16, kFp8 };
 
 const char* pattern_name(Pattern p);

@@ -5,8 +5,8 @@
 // RunOptions::validate for CUDA tensors. Shapes (the contract, docs/architecture.md):
 //
 //   q            [total_q, Hq, D]                     bf16 / fp16 (fp32 on the CPU backend)
-//   k, v         [num_pages, Hkv, page_size, D|Dv]    q's dtype, or both fp8 e4m3 (RunOptions::k_scale / v_scale;
-//                                                     the CPU backend only); any strides, innermost dim contiguous
+//   k, v         [num_pages, Hkv, page_size, D|Dv]    q's dtype, or both fp8 e4m3 (RunOptions::k_scale / v_scale);
+//                                                     any strides, innermost dim contiguous
 //   page table   dense [B, max_pages] or flat [n] + indptr [B+1]       int32
 //   block_idx    [total_q, Hkv, topk]                 int32, any strides (sglang's [Hkv, T, topk]
 //                                                     is the same tensor permuted); -1 = empty slot
@@ -40,7 +40,7 @@ struct RunOptions {
                            // first bad entry (synchronizes); CPU tensors are always checked so
   // attention only: per-tensor dequantization scales (sglang's and FlashInfer's k_scale / v_scale), finite
   // and > 0, for K/V of any dtype. Logits s_j = (q . k_j) * sm_scale * q_scale * k_scale; o = softmax(s) V
-  // * v_scale. The CUDA kernels have no output scale: v_scale must be 1 for CUDA tensors (kNotImplemented).
+  // * v_scale (on CUDA: q_scale * k_scale folded into sm_scale, v_scale applied where the output is normalized).
   // After the fields above, so that positional initialisers {sm_scale, stream, validate} stay valid.
   float q_scale = 1.0f;
   float k_scale = 1.0f;
@@ -87,8 +87,7 @@ void build_page_table(const TensorView& req_to_token, const TensorView& req_pool
 // select_topk of plan.config().topk blocks per (token, KV head) with the forced first/last blocks, then
 // sparse attention with the plan. scores (fp32, `layout`, max_blocks >= ceil(max kv_len / 128)) and block_idx
 // ([T, Hkv, topk] int32) are caller-provided workspaces, so the call allocates nothing and can be captured.
-// opts' q_scale / k_scale / v_scale are the attention's (the index keys carry their own index.k_scale); what the
-// CUDA backend cannot run of the attention (fp8 K/V, v_scale != 1) is refused before the indexer launches.
+// opts' q_scale / k_scale / v_scale are the attention's (the index keys carry their own index.k_scale).
 struct IndexerInputs {
   TensorView q;        // [total_q, Hkv, Di]
   TensorView k;        // [num_pages, Hk, page_size, Di], bf16/fp16 or fp8 e4m3

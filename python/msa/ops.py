@@ -48,8 +48,7 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
         k_cache, v_cache: [num_pages, Hkv, page_size, D | Dv], any strides with the innermost dim contiguous
             (sglang's slot-major pool [slots, Hkv, D] is view(pages, page_size, Hkv, D).permute(0, 2, 1, 3);
             K and V may be the two halves of one [pages, Hkv, page_size, 2D] pool). Both in q's dtype, or both
-            float8_e4m3fn with k_scale / v_scale (CPU tensors only: the CUDA backend raises
-            NotImplementedError for fp8 K/V).
+            float8_e4m3fn with k_scale / v_scale.
         page_table: int32, dense [B, max_pages], or flat [n] together with page_indptr [B+1].
         qo_indptr: int32 [B+1], cumulative query tokens per request.
         kv_lens: int32 [B], keys per request.
@@ -65,8 +64,7 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
         sm_scale: logit scale; None means head_dim ** -0.5.
         q_scale, k_scale, v_scale: per-tensor dequantization scales (finite, > 0), for K/V of any dtype: the
             logits are (q . k) * sm_scale * q_scale * k_scale and the output is softmax @ V * v_scale (an fp8 key's
-            value is its e4m3 value times k_scale). CUDA tensors need v_scale == 1 (NotImplementedError otherwise:
-            the kernels have no output scale); q_scale and k_scale are folded into sm_scale there.
+            value is its e4m3 value times k_scale). On CUDA q_scale and k_scale are folded into sm_scale.
         validate: CUDA tensors: also read the lengths, the page table and the block indexes on the host and
             report the first bad entry (synchronizes). CPU tensors are always checked so.
         stream: CUDA stream (None: torch's current stream for torch CUDA tensors, else 0).

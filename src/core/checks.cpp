@@ -141,16 +141,6 @@ void check_scales(const char* fn, const RunOptions& opts) {
               "': expected a finite number > 0, got ", value);
 }
 
-void check_cuda_attention_support(const char* fn, const TensorView& k, const TensorView& v, const RunOptions& opts) {
-  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"k", &k}, {"v", &v}})
-    MSA_CHECK(t->dtype() != DType::kF8E4M3, kNotImplemented, fn, ": argument '", name,
-              "': fp8 e4m3 K/V runs on the CPU backend only in this build; the CUDA kernels take K/V in the "
-              "dtype of q (bfloat16 or float16)");
-  MSA_CHECK(opts.v_scale == 1.f, kNotImplemented, fn, ": argument 'v_scale': the CUDA kernels have no output "
-            "scale, so v_scale must be 1 for CUDA tensors in this build, got ", opts.v_scale,
-            " (multiply the output by it instead)");
-}
-
 HostInts::HostInts(const TensorView& t, void* stream) {
   if (!t.defined()) return;
   defined_ = true;

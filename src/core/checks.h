@@ -48,10 +48,6 @@ ScalarType scalar_type(DType t);
 
 // The dequantization scales of an attention call (RunOptions::q_scale, k_scale, v_scale): finite and > 0.
 void check_scales(const char* fn, const RunOptions& opts);
-// What the CUDA kernels cannot run of an attention call, refused before anything is launched
-// (kNotImplemented naming the argument): fp8 K/V (they take K/V in q's dtype) and v_scale != 1 (they have
-// no output scale).
-void check_cuda_attention_support(const char* fn, const TensorView& k, const TensorView& v, const RunOptions& opts);
 
 // The metadata of the sequence tensors (dtype, rank, B = batch_size, device, contiguity) as SeqParams.
 SeqParams seq_params(const char* fn, const Sequences& s, int64_t B, Device dev, int64_t total_q);

@@ -153,7 +153,6 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
   check_scales(fn, opts);
   const float sm_scale = logit_scale(fn, opts, c.head_dim);
   if (gpu) {
-    check_cuda_attention_support(fn, k, v, opts);
     for (auto [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &o}})
       arg(fn, name, *t).aligned(16);
   }

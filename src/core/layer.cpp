@@ -23,9 +23,8 @@ void sparse_attention_layer(const Plan& plan, const TensorView& q, const TensorV
             ": argument 'k_index': expected [num_pages, num_k_heads, page_size = ", c.page_size,
             ", index_head_dim] (it shares the page table of k and v), got shape ",
             index.k.defined() ? index.k.shape_str() : std::string("None"));
-  // The attention's scales, and what the CUDA kernels cannot run of it, before the indexer steps launch.
+  // The attention's scales before the indexer steps launch.
   detail::check_scales(fn, opts);
-  if (plan.device().is_cuda()) detail::check_cuda_attention_support(fn, k, v, opts);
   // The lengths against the plan first (where they are host-readable, as in each step): lengths past a
   // decode plan's limits are reported as such, not as a scores workspace too small for them.
   if (!plan.device().is_cuda() || opts.validate) {

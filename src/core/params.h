@@ -35,7 +35,7 @@ struct CacheParams {
 
 struct AttentionParams {
   ScalarType dtype = ScalarType::kBF16;     // of q and o
-  ScalarType kv_dtype = ScalarType::kBF16;  // of k and v: dtype, or kF8E4M3 (the CPU backend only)
+  ScalarType kv_dtype = ScalarType::kBF16;  // of k and v: dtype, or kF8E4M3
   const void* q = nullptr;
   int64_t q_stride_token = 0, q_stride_head = 0;
   int32_t num_qo_heads = 0, num_kv_heads = 0, group_size = 0;
@@ -50,7 +50,7 @@ struct AttentionParams {
   int32_t block_size = 128;
   bool causal = true;
   float sm_scale = 0.f;  // the logits' scale: sm_scale * q_scale * k_scale of the call, folded on the host
-  float v_scale = 1.f;   // multiplies the output (V's dequantization scale); 1 for the CUDA backend
+  float v_scale = 1.f;   // multiplies the output (V's dequantization scale)
   void* o = nullptr;
   int64_t o_stride_token = 0, o_stride_head = 0;
   float* lse = nullptr;  // optional

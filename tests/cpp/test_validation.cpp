@@ -409,26 +409,6 @@ TEST(Validation, Fp8KvWithScalesIsAValidCpuCall) {
   EXPECT_NO_THROW(a());
 }
 
-// The CUDA backend's refusals run in the validation layer, before anything launches; they are checked
-// here directly, since a build without CUDA stops CUDA tensors earlier (no CUDA backend).
-TEST(Validation, TheCudaBackendRefusesFp8KvAndAnOutputScale) {
-  using msa::detail::check_cuda_attention_support;
-  const AttnArgs a = valid_attention();
-  const TensorView k8 = with_dtype(a.k, DType::kF8E4M3), v8 = with_dtype(a.v, DType::kF8E4M3);
-  msa::RunOptions opts;
-  expect_msa_error([&] { check_cuda_attention_support("msa.attention", k8, v8, opts); }, ErrorKind::kNotImplemented,
-                   {"msa.attention: argument 'k'", "fp8 e4m3 K/V runs on the CPU backend only",
-                    "the CUDA kernels take K/V in the dtype of q"});
-  expect_msa_error([&] { check_cuda_attention_support("msa.sparse_attention_layer", a.k, v8, opts); },
-                   ErrorKind::kNotImplemented, {"msa.sparse_attention_layer: argument 'v'", "CPU backend only"});
-  opts.v_scale = 0.5f;
-  expect_msa_error([&] { check_cuda_attention_support("msa.attention", a.k, a.v, opts); }, ErrorKind::kNotImplemented,
-                   {"msa.attention: argument 'v_scale'", "no output scale", "got 0.5"});
-  opts.v_scale = 1.0f;
-  opts.q_scale = 0.3f, opts.k_scale = 7.0f;  // folded into sm_scale: the kernels run them
-  EXPECT_NO_THROW(check_cuda_attention_support("msa.attention", a.k, a.v, opts));
-}
-
 // ---- block_scores ----
 
 struct ScoreArgs {

@@ -48,7 +48,9 @@ Where msa differs from fmha_sm100
   * max_score is the raw q.k of the stored values (q_scale and k_scale are not applied to it).
   * sparse_topk_select takes any topk (1..64 on the GPU) and strided scores, and ranks as
     msa.select_topk does (NaN lowest, ties to the lower block index).
-  * Not served (NotImplementedError): fp8 (use_fp8_kvcache=True, float8 q), o_scale, max_score together
+  * fp8 e4m3 K/V (use_fp8_kvcache=True, or float8_e4m3fn k and v) with k_scale / v_scale; a plan serves
+    both caches, so use_fp8_kvcache only documents the caller's.
+  * Not served (NotImplementedError): float8 q, max_score over an fp8 cache, o_scale, max_score together
     with sparse attention, kv_block_indexes with one row per query head when Hq != Hkv, and
     sparse_topk_select's 2-D (TRTLLM) block_table.
   * Accepted with no effect: split_prefill_decode, usable_SM_count, sparse_kernel_mode and stream (msa
@@ -195,8 +197,6 @@ def fmha_sm100_plan(
         (False, 0, batch_size, plan_info, None); see the module docstring for plan_info.
     """
     fn = "msa.fmha_sm100.fmha_sm100_plan"
-    if use_fp8_kvcache:
-        raise NotImplementedError(f"{fn}: argument 'use_fp8_kvcache': msa has no fp8 attention yet")
     qo = _host_ints(fn, "qo_segment_lens", qo_segment_lens)
     kv = _host_ints(fn, "kv_segment_lens", kv_segment_lens)
     B = len(qo)
@@ -358,10 +358,10 @@ def fmha_sm100(
     fn = "msa.fmha_sm100.fmha_sm100"
     info = _plan_dict(fn, plan_info)
     if q.dtype.itemsize == 1:
-        raise NotImplementedError(f"{fn}: argument 'q': msa has no fp8 attention yet, got {q.dtype}")
+        raise NotImplementedError(f"{fn}: argument 'q': msa takes bf16 / fp16 q (fp8 K/V are served), got {q.dtype}")
     if o_scale is not None and o_scale != 1.0:
         raise NotImplementedError(f"{fn}: argument 'o_scale': output quantization is not served by msa, got {o_scale}")
-    scale = (q.shape[-1] ** -0.5 if sm_scale is None else sm_scale) * _unit(q_scale) * _unit(k_scale)
+    scales = dict(sm_scale=sm_scale, q_scale=_unit(q_scale), k_scale=_unit(k_scale), v_scale=_unit(v_scale))
     qo_offset = info["qo_offset"]
     if isinstance(q_offset_override, int):
         qo_offset = torch.full_like(qo_offset, q_offset_override)
@@ -386,6 +386,9 @@ def fmha_sm100(
                                   f"(shape[1] = {q.shape[1]}) is not served; msa shares one list per KV head "
                                   f"(shape[1] = num_kv_heads = {info['num_kv_heads']})")
     want_scores = output_maxscore and info["max_k_tiles"] > 0
+    if want_scores and k.dtype.itemsize == 1:
+        raise NotImplementedError(f"{fn}: max_score over an fp8 cache is not served (k is {k.dtype}); plan without "
+                                  f"output_maxscore or pass output_maxscore=False")
     if want_scores and kv_block_indexes is not None:
         raise NotImplementedError(f"{fn}: max_score with sparse attention is not served; plan without "
                                   f"output_maxscore or pass output_maxscore=False")
@@ -396,9 +399,7 @@ def fmha_sm100(
     o = None
     if output_o or not want_scores:
         o = torch_ops.attention(info["msa_plan"], q, k, v, table, info["qo_segment_offsets"],
-                                info["kv_segment_lens"], block_idx=kv_block_indexes, out=out, sm_scale=scale, **seqs)
-        if v_scale is not None and v_scale != 1.0:
-            o.mul_(v_scale)
+                                info["kv_segment_lens"], block_idx=kv_block_indexes, out=out, **scales, **seqs)
     scores = None
     if want_scores:
         T, H = q.shape[0], q.shape[1]

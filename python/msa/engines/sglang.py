@@ -22,7 +22,8 @@ the rows. Decode key lengths must stay within the plan's max_kv_len, DECODE_MAX_
 update_msa_decode_cg_meta refuses page-table rows that could hold longer requests.
 
 Prefill reads the batch's lengths on the host once per call: msa plans the work over them.
-fp8 inputs (and is_fp8=True) raise MSAUnavailableError, on which sglang falls back to its Triton path.
+K/V pools may be fp8 e4m3 (is_fp8=True, with k_scale / v_scale): the kernels convert their tiles exactly.
+fp8 q raises MSAUnavailableError, on which sglang falls back to its Triton path.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ _BLOCK = 128  # tokens per selectable block (and per page, as sglang pairs them)
 
 
 class MSAUnavailableError(RuntimeError):
-    """msa cannot serve this call (fp8 inputs); sglang's callers fall back to the Triton path on it."""
+    """msa cannot serve this call (fp8 q); sglang's callers fall back to the Triton path on it."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,9 +66,10 @@ def msa_available() -> bool:
 
 
 def _check_dtypes(fn: str, q, k_cache, v_cache) -> None:
-    if q.dtype not in _SERVED_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise MSAUnavailableError(f"{fn}: msa serves bf16 or fp16 q, k_cache and v_cache of one dtype, got "
-                                  f"{q.dtype}, {k_cache.dtype} and {v_cache.dtype}")
+    kv_ok = k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, torch.float8_e4m3fn)
+    if q.dtype not in _SERVED_DTYPES or not kv_ok:
+        raise MSAUnavailableError(f"{fn}: msa serves bf16 or fp16 q with k_cache and v_cache both of q's dtype or "
+                                  f"both float8_e4m3fn, got {q.dtype}, {k_cache.dtype} and {v_cache.dtype}")
 
 
 def _check_block_size(fn: str, block_size_k: int) -> None:
@@ -182,9 +184,7 @@ def build_msa_decode_cg_plan(
     max_kv_len (msa extension) bounds the key lengths of every later step; head_dim (msa extension) is
     the D of q and k."""
     fn = "msa.sglang.build_msa_decode_cg_plan"
-    if is_fp8:
-        raise MSAUnavailableError(f"{fn}: msa has no fp8 attention yet")
-    _check_block_size(fn, block_size_k)
+    _check_block_size(fn, block_size_k)  # is_fp8: accepted, a plan serves bf16 and fp8 pools alike
     return fmha_sm100_decode_plan(batch_size, num_q_heads, num_kv_heads, page_size=block_size_k, kv_block_num=topk,
                                   max_qo_len=1, max_kv_len=max_kv_len, causal=False, head_dim=head_dim,
                                   device=device)

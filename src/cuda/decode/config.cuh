@@ -67,6 +67,7 @@ struct TileConfig {
 // Shared-memory layout, computed identically on the host (launch size) and in the kernel.
 struct SmemLayout {
   uint32_t stages = 0;     // stages x (K tile, V tile); Q staging; the fp32 epilogue aliases it all
+  uint32_t conv = 0;       // fp8 K/V: the converted 16-bit tile (and Q staging), before the fp8 stages
   uint32_t q = 0;          // Q tile (only when Q does not live in registers)
   uint32_t epi = 0;        // epilogue: WK x ROWS x (D+8) floats, then WK x ROWS m, l
   uint32_t part = 0;       // after the epilogue: a split's normalized rows (ROWS x D fp32, ROWS lse)
@@ -83,14 +84,23 @@ struct SmemLayout {
 
 __host__ __device__ constexpr uint32_t align_up(uint32_t x, uint32_t a) { return (x + a - 1) / a * a; }
 
+// fp8: num_stages fp8 stages (half the bytes each) after one 16-bit tile they are converted into
+// (fp8_tile.cuh).
 template <int D, int ROWS>
-__host__ __device__ inline SmemLayout smem_layout(int num_stages, int list_cap) {
+__host__ __device__ inline SmemLayout smem_layout(int num_stages, int list_cap, bool fp8 = false) {
   using C = TileConfig<D, ROWS>;
   SmemLayout s;
   const uint32_t stage_bytes = 2u * C::kKeys * D * 2u;
   uint32_t off = 0;
-  s.stages = off;
-  off += num_stages * stage_bytes;
+  if (fp8) {
+    s.conv = off;
+    off += stage_bytes;
+    s.stages = off;
+    off += num_stages * stage_bytes / 2;
+  } else {
+    s.stages = off;
+    off += num_stages * stage_bytes;
+  }
   if (!C::kQInRegs) {
     s.q = off;
     off += ROWS * D * 2u;

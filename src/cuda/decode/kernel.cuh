@@ -31,6 +31,7 @@
 #include "cuda/arch/sm80.cuh"
 #include "cuda/decode/block_list.cuh"
 #include "cuda/decode/config.cuh"
+#include "cuda/decode/fp8_tile.cuh"
 #include "cuda/decode/kernel_params.cuh"
 #include "cuda/decode/merge_math.cuh"
 #include "cuda/decode/prewait_prefetch.cuh"
@@ -83,10 +84,13 @@ __device__ bool find_scan_tile(const SeqParams& s, int tile_tokens, int64_t x, i
   return b_out >= 0;
 }
 
-template <typename T, int D, int ROWS>
+// T: q's and o's type; KV: the cache's (T, or E4M3: fp8 tiles converted in shared memory, fp8_tile.cuh).
+template <typename T, typename KV, int D, int ROWS>
 __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, ROWS>::kMinBlocksPerSm)
     paged_attention_kernel(const __grid_constant__ KernelParams kp) {
   using C = TileConfig<D, ROWS>;
+  constexpr bool kF8 = kIsFp8<KV>;
+  using PT = PvType<T, KV>;  // P V's MMA type
   constexpr int kThreads = C::kThreads;
   constexpr int kKeys = C::kKeys;
   constexpr int kWK = C::kKeyGroups;
@@ -96,17 +100,20 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   constexpr int kCpr = C::kChunksPerRow;
   constexpr int kTPB = C::kTilesPerBlock;
   constexpr int kStageElems = 2 * kKeys * D;
-  constexpr int kMaxNS = C::kMaxStages;
+  constexpr int kMaxNS = kF8 ? fp8_stages(C::kMaxStages) : C::kMaxStages;
 
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionParams& p = kp.a;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wr = warp / kWK, wk = warp % kWK;
   const int NS = kp.num_stages;
-  const SmemLayout L = smem_layout<D, ROWS>(NS, kp.list_cap);
+  const SmemLayout L = smem_layout<D, ROWS>(NS, kp.list_cap, kF8);
   int* scratch = reinterpret_cast<int*>(smem + L.scratch);
   constexpr uint32_t kRowBytes = D * 2;  // one K/V/Q row in shared memory
-  constexpr uint32_t kStageBytes = kStageElems * 2;
+  constexpr uint32_t kStageBytes = kStageElems * 2;  // a 16-bit K + V tile
+  constexpr uint32_t kLoadRowBytes = D * sizeof(KV);  // one K / V row of a ring stage
+  constexpr uint32_t kLoadStageBytes = kStageElems * sizeof(KV);
+  const uint32_t conv = arch::smem_addr(smem) + L.conv;  // fp8: the converted tile the MMAs read
   const uint32_t stages = arch::smem_addr(smem) + L.stages;  // shared-window byte addresses from here on
   ulonglong2* ring = reinterpret_cast<ulonglong2*>(smem + L.ring_off);
   uint64_t* ring_valid = reinterpret_cast<uint64_t*>(smem + L.ring_valid);
@@ -185,7 +192,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   // ---- 2a. Q tile -> shared (the last stage when Q then moves to registers) ---------------------
   // Rows are stored with their 16-byte chunks swizzled (chunk c of row r at c ^ (r & 7)), so the 8
   // rows an ldmatrix reads hit 8 different bank groups.
-  const uint32_t qs = C::kQInRegs ? stages + (NS - 1) * kStageBytes : arch::smem_addr(smem) + L.q;
+  const uint32_t qs = !C::kQInRegs ? arch::smem_addr(smem) + L.q : kF8 ? conv : stages + (NS - 1) * kStageBytes;
   {
     const T* qg = static_cast<const T*>(p.q);
     for (int idx = tid; idx < ROWS * kCpr; idx += kThreads) {
@@ -275,10 +282,10 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   // division (j < kv_hi <= INT_MAX). Rows go to the ring as pointers, so a tile load is a shared
   // read and an add per row.
   const int page_size = p.k.page_size, page_shift = kp.page_shift;
-  const T* kg = static_cast<const T*>(p.k.data);
-  const T* vg = static_cast<const T*>(p.v.data);
-  const T* kg_head = kg + static_cast<int64_t>(g) * p.k.stride_head;
-  const T* vg_head = vg + static_cast<int64_t>(g) * p.v.stride_head;
+  const KV* kg = static_cast<const KV*>(p.k.data);
+  const KV* vg = static_cast<const KV*>(p.v.data);
+  const KV* kg_head = kg + static_cast<int64_t>(g) * p.k.stride_head;
+  const KV* vg_head = vg + static_cast<int64_t>(g) * p.v.stride_head;
   struct KeyFetch {
     int32_t page = -1;
     int32_t off = 0;
@@ -315,10 +322,12 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   // Thread (row r0 + pass * kLoadRowsPerPass, 8-chunk lane t8) of a tile load; see config.cuh.
   constexpr int kRPP = C::kLoadRowsPerPass;
   const int t8 = tid & 7, r0 = tid >> 3;
-  const uint32_t ld_dst = r0 * kRowBytes + ((t8 ^ (r0 & 7)) << 4);
+  // 16-bit rows land swizzled; fp8 rows land as they are (fp8_tile.cuh converts them), chunks t8 + 8c.
+  const uint32_t ld_dst = kF8 ? r0 * kLoadRowBytes + t8 * 16 : r0 * kRowBytes + ((t8 ^ (r0 & 7)) << 4);
+  constexpr int kF8Chunks = D / 16;  // 16-byte chunks of an fp8 row: 4, 8 or 16
   const auto load_tile = [&](int stage, int slot) {
-    const uint32_t ks = stages + stage * kStageBytes + ld_dst;
-    const uint32_t vs = ks + kKeys * kRowBytes;
+    const uint32_t ks = stages + stage * kLoadStageBytes + ld_dst;
+    const uint32_t vs = ks + kKeys * kLoadRowBytes;
     const ulonglong2* rows = ring + slot * kKeys + r0;
     const uint64_t vbits = ring_valid[slot] >> r0;
 #pragma unroll
@@ -327,10 +336,20 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
       const bool fill = (vbits >> (it * kRPP)) & 1ull;
       const char* kr = reinterpret_cast<const char*>(rp.x) + t8 * 16;
       const char* vr = reinterpret_cast<const char*>(rp.y) + t8 * 16;
+      if constexpr (kF8) {
 #pragma unroll
-      for (int c = 0; c < C::kLoadChunks; ++c) {
-        arch::cp_async_16_pred(ks + it * kRPP * kRowBytes + c * 128, kr + c * 128, fill);
-        arch::cp_async_16_pred(vs + it * kRPP * kRowBytes + c * 128, vr + c * 128, fill);
+        for (int c = 0; c < (kF8Chunks + 7) / 8; ++c) {
+          if (kF8Chunks >= 8 || t8 < kF8Chunks) {
+            arch::cp_async_16_pred(ks + it * kRPP * kLoadRowBytes + c * 128, kr + c * 128, fill);
+            arch::cp_async_16_pred(vs + it * kRPP * kLoadRowBytes + c * 128, vr + c * 128, fill);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < C::kLoadChunks; ++c) {
+          arch::cp_async_16_pred(ks + it * kRPP * kRowBytes + c * 128, kr + c * 128, fill);
+          arch::cp_async_16_pred(vs + it * kRPP * kRowBytes + c * 128, vr + c * 128, fill);
+        }
       }
     }
   };
@@ -389,6 +408,10 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     arch::cp_async_commit();
     KeyFetch ahead;
     if (tid < kKeys) ahead = fetch_begin(x + NS);
+    if constexpr (kF8) {  // tile x into the 16-bit tile every warp then reads (the previous one's reads are done)
+      convert_fp8_tile<T, D, kKeys, kThreads>(stages + stage * kLoadStageBytes, conv, tid);
+      __syncthreads();
+    }
 
     const int u = lb + x / kTPB;
     const int blk = sparse ? list_blk[u] : u;
@@ -397,7 +420,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     const uint64_t valid = ring_valid[slot] & warp_keys;
     const bool active = (blk_tokens & warp_tokens) != 0 && valid != 0 && !(p.causal && key0 + wk * kKW > warp_pos_max);
     if (active) {
-      const uint32_t stage_base = stages + stage * kStageBytes;
+      const uint32_t stage_base = kF8 ? conv : stages + stage * kStageBytes;
       float s[kNT][4];
 #pragma unroll
       for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -498,16 +521,16 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
 #pragma unroll
       for (int ks16 = 0; ks16 < kKW / 16; ++ks16) {
         uint32_t pa[4];
-        pa[0] = arch::pack2<T>(s[2 * ks16][0], s[2 * ks16][1]);
-        pa[1] = arch::pack2<T>(s[2 * ks16][2], s[2 * ks16][3]);
-        pa[2] = arch::pack2<T>(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]);
-        pa[3] = arch::pack2<T>(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3]);
+        pa[0] = arch::pack2<PT>(s[2 * ks16][0], s[2 * ks16][1]);
+        pa[1] = arch::pack2<PT>(s[2 * ks16][2], s[2 * ks16][3]);
+        pa[2] = arch::pack2<PT>(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]);
+        pa[3] = arch::pack2<PT>(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3]);
 #pragma unroll
         for (int np = 0; np < D / 16; ++np) {
           uint32_t bv[4];
           arch::ldmatrix_x4_trans(bv, stage_base + v_lane + ks16 * 16 * kRowBytes + (np >> 2) * 128 + swz_a[np & 3]);
-          arch::mma_m16n8k16<T>(o[2 * np], pa, bv[0], bv[1]);
-          arch::mma_m16n8k16<T>(o[2 * np + 1], pa, bv[2], bv[3]);
+          arch::mma_m16n8k16<PT>(o[2 * np], pa, bv[0], bv[1]);
+          arch::mma_m16n8k16<PT>(o[2 * np + 1], pa, bv[2], bv[3]);
         }
       }
     }
@@ -587,7 +610,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     }
     float lse = -INFINITY;
     if (l > 0.f) {
-      const float inv = 1.f / l;
+      const float inv = 1.f / l * p.v_scale;  // V's dequantization scale (1: the bits of 1 / l)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] *= inv;
       lse = (m + log2f(l)) * kLn2;
@@ -633,13 +656,13 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   if (tid == 0) kp.counters[item] = 0;  // ready for the next launch (graph replays reuse the plan)
 }
 
-// Kernel entry points of one (dtype, head dim) for the row counts; instantiated per .cu file.
-template <typename T, int D>
+// Kernel entry points of one (dtype, cache dtype, head dim) for the row counts; instantiated per .cu file.
+template <typename T, typename KV, int D>
 const void* kernel_for_rows(int rows) {
   switch (rows) {
-    case 16: return reinterpret_cast<const void*>(&paged_attention_kernel<T, D, 16>);
-    case 64: return reinterpret_cast<const void*>(&paged_attention_kernel<T, D, 64>);
-    case 128: return reinterpret_cast<const void*>(&paged_attention_kernel<T, D, 128>);
+    case 16: return reinterpret_cast<const void*>(&paged_attention_kernel<T, KV, D, 16>);
+    case 64: return reinterpret_cast<const void*>(&paged_attention_kernel<T, KV, D, 64>);
+    case 128: return reinterpret_cast<const void*>(&paged_attention_kernel<T, KV, D, 128>);
     default: return nullptr;
   }
 }

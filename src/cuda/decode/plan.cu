@@ -7,10 +7,12 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "core/knobs.h"
 #include "cuda/runtime/check.cuh"
 #include "cuda/decode/config.cuh"
+#include "cuda/decode/fp8_tile.cuh"
 #include "cuda/decode/kernel_params.cuh"
 #include "cuda/decode/kernel_table.h"
 #include "cuda/decode/split_merge.cuh"
@@ -23,7 +25,8 @@ namespace msa::detail::cuda::decode {
 
 namespace {
 
-// Host view of one TileConfig instance.
+// Host view of one TileConfig instance. `stages` counts 16-bit stages; the fp8 instances of a plan run
+// fp8_stages(stages) fp8 stages in about the same bytes (fp8_tile.cuh), and every figure below holds for both.
 struct TileFacts {
   int threads;
   int max_stages;
@@ -31,17 +34,38 @@ struct TileFacts {
   uint32_t (*merge_bytes)(int stages, int list_cap);  // shared memory the fused merge may use
   bool (*part_fits)(int stages, int list_cap);        // a split's rows fit beside the epilogue
 };
+// The 16-bit and the fp8 layouts of `stages` 16-bit stages.
+template <int D, int ROWS>
+std::pair<SmemLayout, SmemLayout> layouts(int stages, int list_cap) {
+  return {smem_layout<D, ROWS>(stages, list_cap), smem_layout<D, ROWS>(fp8_stages(stages), list_cap, true)};
+}
 template <int D, int ROWS>
 TileFacts facts_of() {
   using C = TileConfig<D, ROWS>;
   return {C::kThreads, C::kMaxStages,
-          [](int stages, int list_cap) { return smem_layout<D, ROWS>(stages, list_cap).total; },
-          [](int stages, int list_cap) { return smem_layout<D, ROWS>(stages, list_cap).ring_off; },
           [](int stages, int list_cap) {
-            const SmemLayout l = smem_layout<D, ROWS>(stages, list_cap);
-            return l.part_end <= l.ring_off;
+            const auto [a, b] = layouts<D, ROWS>(stages, list_cap);
+            return std::max(a.total, b.total);
+          },
+          [](int stages, int list_cap) {
+            const auto [a, b] = layouts<D, ROWS>(stages, list_cap);
+            return std::min(a.ring_off, b.ring_off);
+          },
+          [](int stages, int list_cap) {
+            const auto [a, b] = layouts<D, ROWS>(stages, list_cap);
+            return a.part_end <= a.ring_off && b.part_end <= b.ring_off;
           }};
 }
+
+// The kernel variants a plan serves: q in bf16 / fp16, the cache in q's dtype or fp8 e4m3. Plan-time
+// figures (CTAs per SM, clusters that fit) are the least over them, so that one plan runs any of them.
+struct KernelVariant {
+  ScalarType dtype, kv_dtype;
+};
+constexpr KernelVariant kVariants[] = {{ScalarType::kBF16, ScalarType::kBF16},
+                                       {ScalarType::kF16, ScalarType::kF16},
+                                       {ScalarType::kBF16, ScalarType::kF8E4M3},
+                                       {ScalarType::kF16, ScalarType::kF8E4M3}};
 
 template <int D>
 TileFacts facts_for_rows(int rows) {
@@ -163,18 +187,18 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   // Split merge: the push merge of token_kernel.cuh where its clusters fit (D-B1 10.24 -> 8.42 us against
   // the pull merge, same run), else the pull merge of split_merge.cuh (bitwise the same result). Push takes
   // kTokenSmemPushBytes when the plan splits.
-  const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
   int per_sm = INT32_MAX;
-  for (ScalarType t : kDtypes) {
-    per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(t), kTokenThreads, kTokenSmemBytes));
-    (void)prepare_kernel(dev.device, token_kernel_entry(t, true), kTokenThreads, kTokenSmemPushBytes);
+  for (const KernelVariant v : kVariants) {
+    per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(v.dtype, v.kv_dtype), kTokenThreads,
+                                             kTokenSmemBytes));
+    (void)prepare_kernel(dev.device, token_kernel_entry(v.dtype, v.kv_dtype, true), kTokenThreads, kTokenSmemPushBytes);
   }
   if (per_sm < 1) return false;
   // Clusters of n CTAs that fit the device at once, with the push merge's shared memory or the pull's.
   const auto clusters_fit = [&](int64_t n, bool with_push) {
     int fit = INT32_MAX;
-    for (ScalarType t : kDtypes)
-      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(t, with_push), kTokenThreads,
+    for (const KernelVariant v : kVariants)
+      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(v.dtype, v.kv_dtype, with_push), kTokenThreads,
                                             with_push ? token_push_smem_bytes(static_cast<int>(n)) : kTokenSmemBytes,
                                             static_cast<int>(n)));
     return fit;
@@ -325,9 +349,10 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
             device_name(plan.device()), " allows ", optin);
   st->stages = stages;
   st->smem_bytes = smem;
-  int per_sm = 0;
-  const ScalarType kDtypes[] = {ScalarType::kBF16, ScalarType::kF16};
-  for (ScalarType t : kDtypes) per_sm = prepare_kernel(dev.device, kernel_entry(t, D, rows), st->threads, smem);
+  st->stages_fp8 = fp8_stages(stages);
+  int per_sm = INT32_MAX;
+  for (const KernelVariant v : kVariants)
+    per_sm = std::min(per_sm, prepare_kernel(dev.device, kernel_entry(v.dtype, v.kv_dtype, D, rows), st->threads, smem));
   MSA_CHECK(per_sm >= 1, kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ", D, " and ", rows,
             " rows does not fit on ", device_name(plan.device()));
 
@@ -370,8 +395,8 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   const auto clusters_fit = [&](int64_t n) {
     if (dev.cc < 90 || n < 2 || n > kMaxClusterSplits || !facts.part_fits(stages, list_cap)) return 0;
     int fit = INT32_MAX;
-    for (ScalarType t : kDtypes) {
-      const void* fn = kernel_entry(t, D, rows);
+    for (const KernelVariant v : kVariants) {
+      const void* fn = kernel_entry(v.dtype, v.kv_dtype, D, rows);
       fit = std::min(fit, clusters_that_fit(dev.device, fn, st->threads, smem, static_cast<int>(n)));
     }
     return fit;

@@ -13,9 +13,11 @@ namespace msa::detail::cuda::decode {
 
 void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream) {
   MSA_CHECK(s.unsupported.empty(), kNotImplemented, s.unsupported);
-  const void* fn = s.token_kernel ? token_kernel_entry(p.dtype, s.push_merge) : kernel_entry(p.dtype, s.head_dim, s.rows);
-  MSA_CHECK(fn != nullptr, kType, "msa.attention: argument 'q': the CUDA paged attention kernels take bfloat16 or "
-            "float16, got scalar type ", static_cast<int>(p.dtype));
+  const void* fn = s.token_kernel ? token_kernel_entry(p.dtype, p.kv_dtype, s.push_merge)
+                                  : kernel_entry(p.dtype, p.kv_dtype, s.head_dim, s.rows);
+  MSA_CHECK(fn != nullptr, kType, "msa.attention: arguments 'q' / 'k': the CUDA paged attention kernels take bfloat16 "
+            "or float16 q with K/V of q's dtype or fp8 e4m3, got scalar types ", static_cast<int>(p.dtype), " / ",
+            static_cast<int>(p.kv_dtype));
   MSA_CHECK(p.head_dim == s.head_dim && p.head_dim_v == s.head_dim, kValue,
             "msa.attention: argument 'q': head_dim ", p.head_dim, " differs from the plan's ", s.head_dim);
 
@@ -29,7 +31,7 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   kp.num_splits = s.splits;
   kp.split_magic = (65536u + static_cast<uint32_t>(s.splits) - 1u) / static_cast<uint32_t>(s.splits);
   kp.fixed_split_blocks = s.fixed_split_blocks;
-  kp.num_stages = s.stages;
+  kp.num_stages = p.kv_dtype == ScalarType::kF8E4M3 && !s.token_kernel ? s.stages_fp8 : s.stages;
   kp.list_cap = s.list_cap;
   kp.spec_qo_len = s.spec_qo_len;
   kp.tq_shift = s.tq_shift;

@@ -27,7 +27,8 @@ struct State {
   int num_kv_heads = 0;    // grid.y
   int splits = 1;          // grid.z
   int fixed_split_blocks = 0;
-  int stages = 0;
+  int stages = 0;           // 16-bit K/V stages
+  int stages_fp8 = 0;       // fp8 K/V stages of the same ring bytes (fp8_tile.cuh)
   int list_cap = 0;
   uint32_t smem_bytes = 0;
   int spec_qo_len = 0;     // decode: guessed tokens per request (KernelParams::spec_qo_len)

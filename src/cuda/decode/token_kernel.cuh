@@ -37,6 +37,7 @@
 #include "cuda/arch/sm90.cuh"
 #include "cuda/arch/sm90_cluster.cuh"
 #include "cuda/decode/config.cuh"
+#include "cuda/decode/fp8_tile.cuh"
 #include "cuda/decode/kernel_params.cuh"
 #include "cuda/decode/merge_math.cuh"
 #include "cuda/decode/prewait_prefetch.cuh"
@@ -149,12 +150,20 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
   }
 }
 
-template <typename T, bool kPushMerge>
+// T: q's and o's type; KV: the cache's (T, or E4M3: fp8 tiles converted in shared memory, fp8_tile.cuh).
+template <typename T, typename KV, bool kPushMerge>
 __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __grid_constant__ KernelParams kp) {
   constexpr int D = kTokenHeadDim;
-  constexpr uint32_t kRowBytes = D * 2;                       // one K / V / Q row
-  constexpr uint32_t kTileBytes = kTokenTileKeys * kRowBytes;  // K (or V) of one tile: 16 KB
+  constexpr bool kF8 = kIsFp8<KV>;
+  using PT = PvType<T, KV>;                                   // P V's MMA type
+  constexpr uint32_t kRowBytes = D * 2;                       // one 16-bit K / V / Q row
+  constexpr uint32_t kTileBytes = kTokenTileKeys * kRowBytes;  // K (or V) of one 16-bit tile: 16 KB
   constexpr uint32_t kStageBytes = 2 * kTileBytes;
+  // The ring: kTokenStages 16-bit stages, or (fp8) the converted tile and twice as many fp8 stages less two
+  // in the same bytes (fp8_tile.cuh).
+  constexpr int kStages = kF8 ? fp8_stages(kTokenStages) : kTokenStages;
+  constexpr uint32_t kLoadRowBytes = D * sizeof(KV);
+  constexpr uint32_t kLoadStageBytes = 2 * kTokenTileKeys * kLoadRowBytes;
   constexpr unsigned kFull = 0xffffffffu;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -168,7 +177,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const int b = static_cast<int>(blockIdx.x >> kp.tq_shift), ti = static_cast<int>(blockIdx.x & ((1u << kp.tq_shift) - 1u));
   // A full batch of TQ tokens per request has request b's token ti at row x_cta.
   const int64_t x_cta = static_cast<int64_t>(b) * TQ + ti;
-  const uint32_t s_stages = arch::smem_addr(smem) + kTokenSmemStages;
+  const uint32_t s_conv = arch::smem_addr(smem) + kTokenSmemStages;  // fp8: the converted tile
+  const uint32_t s_stages = s_conv + (kF8 ? kStageBytes : 0);
   const uint32_t s_q = arch::smem_addr(smem) + kTokenSmemQ;
   const uint32_t s_p = arch::smem_addr(smem) + kTokenSmemP;
   float* red_max = reinterpret_cast<float*>(smem + kTokenSmemRedMax);  // [warp][row]
@@ -359,36 +369,39 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const int n_tiles = *n_tiles_smem;
   MSA_TRACE_MARK(3, n_tiles);  // the sorted list and the tiles, in every warp
 
-  // ---- 3. K/V tiles through a cp.async ring of kTokenStages stages ------------------------------------
-  // Thread (row r0 + 16i, chunks t8 and t8 + 8): each instruction moves 128 contiguous bytes of a row;
-  // rows past the tile's visible keys are zero-filled (nothing read), so P = 0 meets V = 0 there.
-  const T* kg = static_cast<const T*>(p.k.data);
-  const T* vg = static_cast<const T*>(p.v.data);
+  // ---- 3. K/V tiles through a cp.async ring of kStages stages -----------------------------------------
+  // Thread (row r0 + 16i, chunks t8 and t8 + 8; fp8: chunk t8 of a 128-byte row): each instruction moves
+  // 128 contiguous bytes of a row; rows past the tile's visible keys are zero-filled (nothing read), so
+  // P = 0 meets V = 0 there. 16-bit rows land swizzled, fp8 rows as they are.
+  const KV* kg = static_cast<const KV*>(p.k.data);
+  const KV* vg = static_cast<const KV*>(p.v.data);
   const int r0 = tid >> 3, t8 = tid & 7;
-  const uint32_t ld_dst = r0 * kRowBytes + ((t8 ^ (r0 & 7)) << 4);
+  constexpr int kRowChunks = kLoadRowBytes / 128;  // 128-byte pieces of a row: 2, or 1 (fp8)
+  constexpr int kChunkElems = 16 / sizeof(KV);
+  const uint32_t ld_dst = kF8 ? r0 * kLoadRowBytes + t8 * 16 : r0 * kRowBytes + ((t8 ^ (r0 & 7)) << 4);
   const auto issue = [&](int x, int stage) {
     if (x < n_tiles) {
       const TokenTile t = tiles[x];
-      const uint32_t ks = s_stages + stage * kStageBytes + ld_dst, vs = ks + kTileBytes;
-      const T* kr = kg + t.k_off + t8 * 8;
-      const T* vr = vg + t.v_off + t8 * 8;
+      const uint32_t ks = s_stages + stage * kLoadStageBytes + ld_dst, vs = ks + kTokenTileKeys * kLoadRowBytes;
+      const KV* kr = kg + t.k_off + t8 * kChunkElems;
+      const KV* vr = vg + t.v_off + t8 * kChunkElems;
 #pragma unroll
       for (int i = 0; i < kTokenTileKeys / 16; ++i) {
         const int r = r0 + 16 * i;
         const bool fill = r < t.visible;
-        const T* krow = fill ? kr + r * p.k.stride_token : kg;
-        const T* vrow = fill ? vr + r * p.v.stride_token : vg;
+        const KV* krow = fill ? kr + r * p.k.stride_token : kg;
+        const KV* vrow = fill ? vr + r * p.v.stride_token : vg;
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          arch::cp_async_16_pred(ks + 16 * i * kRowBytes + c * 128, krow + (fill ? c * 64 : 0), fill);
-          arch::cp_async_16_pred(vs + 16 * i * kRowBytes + c * 128, vrow + (fill ? c * 64 : 0), fill);
+        for (int c = 0; c < kRowChunks; ++c) {
+          arch::cp_async_16_pred(ks + 16 * i * kLoadRowBytes + c * 128, krow + (fill ? c * 8 * kChunkElems : 0), fill);
+          arch::cp_async_16_pred(vs + 16 * i * kLoadRowBytes + c * 128, vrow + (fill ? c * 8 * kChunkElems : 0), fill);
         }
       }
     }
     arch::cp_async_commit();  // empty groups too: the wait counts stay uniform
   };
 #pragma unroll
-  for (int x = 0; x < kTokenStages - 1; ++x) issue(x, x);
+  for (int x = 0; x < kStages - 1; ++x) issue(x, x);
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The cluster barrier's wait (every CTA of the cluster has initialized its merge barrier) taken
@@ -427,7 +440,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
 
   // Q fragments (A operand of 8 k-steps) in registers; Q is the oldest cp.async group.
-  arch::cp_async_wait<kTokenStages - 1>();
+  arch::cp_async_wait<kStages - 1>();
   __syncthreads();
   uint32_t qa[D / 16][4];
   {
@@ -443,14 +456,18 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   float o[4][4];
 #pragma unroll
   for (int n = 0; n < 4; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  int stage = 0, issue_stage = kTokenStages - 1;
+  int stage = 0, issue_stage = kStages - 1;
   for (int x = 0; x < n_tiles; ++x) {
-    arch::cp_async_wait<kTokenStages - 2>();
+    arch::cp_async_wait<kStages - 2>();
     __syncthreads();  // tile x landed for all; every warp is done with tile x-1 (its stage, P, sums)
-    issue(x + kTokenStages - 1, issue_stage);
-    issue_stage = issue_stage == kTokenStages - 1 ? 0 : issue_stage + 1;
-    const uint32_t ks = s_stages + stage * kStageBytes, vs = ks + kTileBytes;
-    stage = stage == kTokenStages - 1 ? 0 : stage + 1;
+    issue(x + kStages - 1, issue_stage);
+    issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
+    if constexpr (kF8) {  // tile x into the 16-bit tile every warp then reads (the previous one's reads are done)
+      convert_fp8_tile<T, D, kTokenTileKeys, kTokenThreads>(s_stages + stage * kLoadStageBytes, s_conv, tid);
+      __syncthreads();
+    }
+    const uint32_t ks = kF8 ? s_conv : s_stages + stage * kStageBytes, vs = ks + kTileBytes;
+    stage = stage == kStages - 1 ? 0 : stage + 1;
     const int visible = tiles[x].visible;
     if (x < 8) MSA_TRACE_MARK(4 + x, visible);  // tile x landed
 
@@ -508,8 +525,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       const int key = warp * 16 + n * 8 + 2 * (lane & 3), chunk = key >> 3;
       const uint32_t at0 = s_p + row0 * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
       const uint32_t at1 = s_p + (row0 + 8) * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
-      arch::st_shared_b32(at0, arch::pack2<T>(p0, p1));
-      arch::st_shared_b32(at1, arch::pack2<T>(p2, p3));
+      arch::st_shared_b32(at0, arch::pack2<PT>(p0, p1));
+      arch::st_shared_b32(at1, arch::pack2<PT>(p2, p3));
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -547,8 +564,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
           uint32_t bv[4];
           const int chunk = warp * 4 + 2 * h + (mi >> 1);
           arch::ldmatrix_x4_trans(bv, vs + key * kRowBytes + ((chunk ^ (key & 7)) << 4));
-          arch::mma_m16n8k16<T>(o[2 * h], pa, bv[0], bv[1]);
-          arch::mma_m16n8k16<T>(o[2 * h + 1], pa, bv[2], bv[3]);
+          arch::mma_m16n8k16<PT>(o[2 * h], pa, bv[0], bv[1]);
+          arch::mma_m16n8k16<PT>(o[2 * h + 1], pa, bv[2], bv[3]);
         }
       }
     }
@@ -562,7 +579,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     const bool seen = l_run[j] > 0.f;
     // l >= 1 when seen (the running max's key adds exp2(0) = 1), so MUFU.RCP / MUFU.LG2 are within 2 ulp
     // and the IEEE paths' range checks and slow-path calls are left out.
-    inv[j] = seen ? __fdividef(1.f, l_run[j]) : 0.f;
+    inv[j] = seen ? __fdividef(1.f, l_run[j]) * p.v_scale : 0.f;  // V's dequantization scale too
     lse[j] = seen ? (m_run[j] + __log2f(l_run[j])) * kLn2 : -INFINITY;
   }
   T* og = static_cast<T*>(p.o) + q0 * p.o_stride_token + static_cast<int64_t>(g) * G * p.o_stride_head;

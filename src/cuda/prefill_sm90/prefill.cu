@@ -284,6 +284,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
 
 bool can_run(const PrefillState& s, const AttentionParams& p) {
   if (p.dtype != ScalarType::kBF16 && p.dtype != ScalarType::kF16) return false;
+  if (p.kv_dtype != p.dtype || p.v_scale != 1.f) return false;  // fp8 K/V and the output scale: the paged family
   if (p.head_dim != kHeadDim || p.head_dim_v != kHeadDim) return false;
   if ((p.block_idx != nullptr) != (s.topk > 0)) return false;
   if (!(p.sm_scale > 0.f) || !std::isfinite(p.sm_scale)) return false;  // the max is taken on raw scores

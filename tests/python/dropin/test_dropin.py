@@ -190,8 +190,7 @@ def test_what_msa_does_not_serve(rng):
     prob = sparse_problem(rng, [4, 1], [300, 200])
     t = mt.to_torch(prob, device="cpu")
     plan = plan_for(prob)
-    with pytest.raises(NotImplementedError, match="use_fp8_kvcache"):
-        fmha_sm100_plan([1], [10], HQ, HKV, page_size=128, use_fp8_kvcache=True, device="cpu")
+    fmha_sm100_plan([1], [10], HQ, HKV, page_size=128, use_fp8_kvcache=True, device="cpu")  # served
     with pytest.raises(NotImplementedError, match="o_scale"):
         run_fmha(prob, plan, o_scale=2.0)
     per_qo_head = torch.zeros(t["q"].shape[0], HQ, TOPK, dtype=torch.int32)
@@ -321,8 +320,7 @@ def test_sglang_refusals(rng):
     with pytest.raises(msg.MSAUnavailableError, match="bf16 or fp16"):
         msg.msa_sparse_decode_main(t["q"].to(torch.float8_e4m3fn), k_pool.to(torch.float8_e4m3fn),
                                    v_pool.to(torch.float8_e4m3fn), *args)
-    with pytest.raises(msg.MSAUnavailableError, match="fp8"):
-        msg.build_msa_decode_cg_plan(HQ, HKV, 128, TOPK, 2, device="cpu", is_fp8=True)
+    msg.build_msa_decode_cg_plan(HQ, HKV, 128, TOPK, 2, device="cpu", is_fp8=True)  # served
     with pytest.raises(ValueError, match="not divisible by page_size"):
         msg.msa_sparse_decode_main(t["q"], k_pool[:100], v_pool[:100], *args)
     with pytest.raises(msg.MSAUnavailableError, match="blocks of 128 tokens"):

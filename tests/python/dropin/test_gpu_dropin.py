@@ -275,3 +275,86 @@ def test_torch_compile_of_the_decode_path(rng):
     got = torch.compile(decode, fullgraph=True)(t["q"], t["topk_idx"])
     assert torch.equal(got, expect)
     mt.assert_close(host(expect) / 2, mt.ref_attention(state.problem(batch))[0])
+
+
+def fp8_device_pools(state, k_scale, v_scale):
+    """state's pools quantized to float8_e4m3fn on the device (slot-major [slots, Hkv, D])."""
+    f8 = mt.numpy_dtype("fp8")
+
+    def dev(a, s):
+        return torch.from_numpy((a / s).astype(f8).view(np.uint8)).to(DEV).view(torch.float8_e4m3fn)
+
+    return dev(state.k_pool, k_scale), dev(state.v_pool, v_scale)
+
+
+def mirror_fp8_pools(state, k8, v8, k_scale, v_scale):
+    """The reference reads what the device pools hold: their e4m3 values times the scales."""
+    f8 = mt.numpy_dtype("fp8")
+    state.k_pool = k8.view(torch.uint8).cpu().numpy().view(f8).astype(np.float64) * k_scale
+    state.v_pool = v8.view(torch.uint8).cpu().numpy().view(f8).astype(np.float64) * v_scale
+
+
+def test_sglang_fp8_pools_prefill_and_decode_under_a_graph(rng):
+    """sglang with an fp8 KV cache (per-tensor k_scale / v_scale): a prefill chunk after a prefix, then 10 decode
+    steps replayed from one graph while each step's new K/V rows are quantized into the pools by msa.write_cache."""
+    ks, vs = 0.137, 0.29
+    state = m3_state(rng, num_reqs=3, max_context=4096)
+    k8, v8 = fp8_device_pools(state, ks, vs)
+    mirror_fp8_pools(state, k8, v8, ks, vs)
+    r2t = torch.from_numpy(state.req_to_token).to(DEV)
+    batch = state.prefill_batch(rng, seq_lens=[700, 1300, 2005], prefix_lens=[0, 1000, 2000], slot_ids=[1, 2, 0])
+    t = st.to_torch(batch, DEV)
+    o = msg.msa_sparse_prefill_main(t["q"], k8, v8, t["topk_idx"], r2t, t["slot_ids"], t["cu_seqlens"],
+                                    t["seq_lens"], t["prefix_lens"], P, k_scale=ks, v_scale=vs)
+    ref = mt.scaled_reference(state.problem(batch))[0]
+    mt.assert_close(host(o), ref)
+
+    B, slot_ids = 3, [2, 0, 1]
+    lens = np.array([300, 129, 2047])
+    slot_dev = torch.tensor(slot_ids, device=DEV)
+    seq_buf = torch.zeros(B, dtype=torch.int64, device=DEV)
+    q_buf = torch.zeros(B, HQ, D, dtype=torch.bfloat16, device=DEV)
+    topk_buf = torch.full((HKV, B, TOPK), -1, dtype=torch.int32, device=DEV)
+    plan = msg.build_msa_decode_cg_plan(HQ, HKV, P, TOPK, B, device=q_buf.device, is_fp8=True)
+    kv_buf = torch.zeros(B * math.ceil(4096 / P), dtype=torch.int32, device=DEV)
+
+    def decode():
+        return msg.msa_sparse_decode_main(q_buf, k8, v8, topk_buf, r2t, slot_dev, seq_buf, P, kv_indices=kv_buf,
+                                          plan=plan, k_scale=ks, v_scale=vs)
+
+    graph = None
+    for step in range(10):
+        lens = lens + 1
+        new_slots = torch.tensor([int(state.req_to_token[s, n - 1]) for s, n in zip(slot_ids, lens)], device=DEV)
+        k_new = torch.randn(B, HKV, D, device=DEV, dtype=torch.bfloat16)
+        v_new = torch.randn(B, HKV, D, device=DEV, dtype=torch.bfloat16)
+        msa.write_cache(k_new, k8.view(-1, P, HKV, D).permute(0, 2, 1, 3), new_slots, scale=ks)
+        msa.write_cache(v_new, v8.view(-1, P, HKV, D).permute(0, 2, 1, 3), new_slots, scale=vs)
+        mirror_fp8_pools(state, k8, v8, ks, vs)
+        batch = state.decode_batch(rng, seq_lens=lens, slot_ids=slot_ids)
+        tb = st.to_torch(batch, DEV)
+        q_buf.copy_(tb["q"])
+        topk_buf.copy_(tb["topk_idx"])
+        seq_buf.copy_(torch.from_numpy(lens))
+        msg.update_msa_decode_cg_meta(plan, kv_buf, r2t, slot_dev, seq_buf, P, TOPK, HQ, HKV)
+        if graph is None:
+            graph, o_graph = mt.capture_graph(decode)
+        graph.replay()
+        o_eager = decode()
+        torch.cuda.synchronize()
+        assert torch.equal(o_graph, o_eager), f"step {step}: graph replay differs from eager"
+        mt.assert_close(host(o_graph), mt.scaled_reference(state.problem(batch))[0], what=f"o at step {step}")
+
+
+def test_fmha_sm100_fp8_interleaved_pool(rng):
+    """fmha_sm100 with use_fp8_kvcache and the two halves of one interleaved fp8 pool, sparse prefill."""
+    prob = mt.make_problem(rng, qo_lens=[64, 9, 130], kv_lens=[900, 300, 1100], num_qo_heads=HQ, num_kv_heads=HKV,
+                           head_dim=D, page_size=P, topk=TOPK, pattern="random")
+    k8, v8, kd, vd = mt.fp8_kv(prob, 0.137, 0.29, interleaved=True)
+    pool = torch.from_numpy(np.ascontiguousarray(k8.base).view(np.uint8)).to(DEV).view(torch.float8_e4m3fn)
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    plan = fmha_sm100_plan(torch.from_numpy(prob.qo_lens), torch.from_numpy(prob.kv_lens), HQ, HKV, page_size=P,
+                           kv_block_num=TOPK, use_fp8_kvcache=True,
+                           qo_offset=None if prob.qo_offset is None else torch.from_numpy(prob.qo_offset))
+    o, _ = fmha_sm100(t["q"], pool[..., :D], pool[..., D:], plan, page_table=t["page_table"], kv_block_indexes=t["block_idx"], k_scale=0.137, v_scale=0.29)
+    mt.assert_close(host(o), mt.scaled_reference(prob, kd, vd)[0])
