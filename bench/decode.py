@@ -5,8 +5,10 @@
 
 Workloads (D=128, blocks = pages = 128 tokens, top-16, bf16): D-B{1,8,32,64,128} (B requests of 65536
 cached tokens, one query token each), D-mixed (B=64, lengths uniform in [1024, 131072]), D-mtp (B=32,
-4 query tokens per request, 65536 tokens); sparse with the `random` pattern (own block + 15 random
-earlier blocks per token and KV head, rows shuffled) and dense (fewer: B=1 and B=64).
+4 query tokens per request, 65536 tokens), D-mtp16 (16 tokens per request); sparse with the `random`
+pattern (own block + 15 random earlier blocks per token and KV head, rows shuffled) and dense (fewer: B=1
+and B=64). The `-fp8` rows read an fp8 e4m3 copy of the same pool (per-tensor k_scale = v_scale = 1/64)
+and count its bytes (1 per element).
 
 Each call is timed as CUDA-graph replay; the graph holds R >= 8 calls whose inputs (q, page table, block
 indexes) are rotated over a KV pool of several GB with random page placement, so that one call does not
@@ -54,19 +56,33 @@ class Workload:
     kv_lens: np.ndarray
     sparse: bool
     bar: str | None  # "ratio>=X" or "us<=X"
+    fp8: bool = False  # the fp8 e4m3 copy of the pool (row name + "-fp8")
+
+
+FP8_SCALE = 1.0 / 64  # k_scale = v_scale of the fp8 pool: the bf16 pool's N(0, 1) values up to 7 sigma
 
 
 def workloads(quick: bool, rng) -> list[Workload]:
     full = lambda n: np.full(n, 65536, np.int64)  # noqa: E731
-    ws = [Workload("D-B1", 1, 1, full(1), True, "us<=6")]
-    if not quick:
-        ws.append(Workload("D-B8", 8, 1, full(8), True, None))
-    ws += [Workload(f"D-B{b}", b, 1, full(b), True, "ratio>=0.85") for b in (32, 64, 128)]
-    ws.append(Workload("D-mixed", 64, 1, rng.integers(1024, 131072 + 1, size=64), True, "ratio>=0.80"))
-    ws.append(Workload("D-mtp", 32, 4, full(32), True, "ratio>=0.80"))
-    ws.append(Workload("D-B1", 1, 1, full(1), False, None))
-    if not quick:
-        ws.append(Workload("D-B64", 64, 1, full(64), False, None))
+    mixed = rng.integers(1024, 131072 + 1, size=64)
+    fp8_bars = {"D-B1": "us<=5.5", "D-B32": "ratio>=0.82", "D-B64": "ratio>=0.90", "D-B128": "ratio>=0.95",
+                "D-mixed": "ratio>=0.85", "D-mtp": "ratio>=0.85", "D-mtp16": "ratio>=0.80"}
+    ws = []
+    for fp8 in (False, True):
+        ws.append(Workload("D-B1", 1, 1, full(1), True, "us<=6", fp8))
+        if not quick:
+            ws.append(Workload("D-B8", 8, 1, full(8), True, None, fp8))
+        ws += [Workload(f"D-B{b}", b, 1, full(b), True, "ratio>=0.85", fp8) for b in (32, 64, 128)]
+        ws.append(Workload("D-mixed", 64, 1, mixed, True, "ratio>=0.80", fp8))
+        ws.append(Workload("D-mtp", 32, 4, full(32), True, "ratio>=0.80", fp8))
+        ws.append(Workload("D-mtp16", 32, 16, full(32), True, "ratio>=0.80", fp8))
+        ws.append(Workload("D-B1", 1, 1, full(1), False, "ratio>=0.80", fp8))
+        if not quick:
+            ws.append(Workload("D-B64", 64, 1, full(64), False, None, fp8))
+    for w in ws:
+        if w.fp8:
+            w.bar = fp8_bars.get(w.name, w.bar) if w.sparse else w.bar
+            w.name += "-fp8"
     return ws
 
 
@@ -89,12 +105,21 @@ def random_selection(pos: torch.Tensor, hkv: int, gen: torch.Generator) -> torch
 
 
 class Pool:
-    """A paged KV pool [pages, Hkv, P, D] of random bf16 data, shared by the workloads of one shape."""
+    """A paged KV pool [pages, Hkv, P, D] of random bf16 data, shared by the workloads of one shape, and its
+    fp8 e4m3 copy (scale FP8_SCALE)."""
 
     def __init__(self, pages: int, hkv: int, gen: torch.Generator):
         self.pages = pages
         self.k = torch.empty(pages, hkv, P, D, device=DEV, dtype=torch.bfloat16).normal_(generator=gen)
         self.v = torch.empty(pages, hkv, P, D, device=DEV, dtype=torch.bfloat16).normal_(generator=gen)
+        self.k8 = (self.k.float() / FP8_SCALE).to(torch.float8_e4m3fn)
+        self.v8 = (self.v.float() / FP8_SCALE).to(torch.float8_e4m3fn)
+
+    def kv(self, fp8: bool):
+        """(k, v, attention's keyword scales) of the bf16 pool or of its fp8 copy."""
+        if fp8:
+            return self.k8, self.v8, dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE)
+        return self.k, self.v, {}
 
 
 class Inputs:
@@ -117,12 +142,14 @@ class Inputs:
                     - n + torch.arange(n, device=DEV).repeat(B)).to(torch.int64)
         self.block_idx = random_selection(self.pos, hkv, gen) if w.sparse else None
         self.out = torch.empty(T, hq, D, device=DEV, dtype=torch.bfloat16)
+        self.fp8 = w.fp8
 
     def kv_bytes(self, w: Workload, hkv: int) -> int:
         """Bytes of the selected K and V blocks, each once per (request, KV head), keys below kv_len only."""
         kv = w.kv_lens.astype(np.int64)
+        elem = 1 if w.fp8 else 2
         if not w.sparse:
-            return int(kv.sum()) * hkv * D * 2 * 2
+            return int(kv.sum()) * hkv * D * elem * 2
         bi = self.block_idx.cpu().numpy().reshape(w.batch, w.qo_len, hkv, TOPK)
         total = 0
         for b in range(w.batch):
@@ -131,16 +158,17 @@ class Inputs:
                 blocks = np.unique(bi[b, :, g])
                 blocks = blocks[(blocks >= 0) & (blocks < nblk)]
                 total += int(np.minimum(BLOCK, kv[b] - blocks * BLOCK).sum())
-        return total * D * 2 * 2
+        return total * D * elem * 2
 
     def call(self, plan, flat: bool = False):
         table = self.page_table.view(-1) if flat else self.page_table
-        msa.attention(plan, self.q, self.pool.k, self.pool.v, table, self.qo_indptr, self.kv_lens,
-                      block_idx=self.block_idx, out=self.out, page_indptr=self.page_indptr if flat else None)
+        k, v, scales = self.pool.kv(self.fp8)
+        msa.attention(plan, self.q, k, v, table, self.qo_indptr, self.kv_lens, block_idx=self.block_idx,
+                      out=self.out, page_indptr=self.page_indptr if flat else None, **scales)
 
 
 def check_rows(x: Inputs, w: Workload, hq: int, hkv: int, gen_np) -> float:
-    """Largest abs error of a few tokens' outputs (all heads) against float64."""
+    """Largest abs error of a few tokens' outputs (all heads) against float64 (over the dequantized fp8 pool)."""
     G, scale = hq // hkv, D ** -0.5
     T = x.q.shape[0]
     err = 0.0
@@ -159,8 +187,9 @@ def check_rows(x: Inputs, w: Workload, hq: int, hkv: int, gen_np) -> float:
             keys_t = torch.from_numpy(keys).to(DEV)
             pages = x.page_table[b, keys_t // P].long()
             offs = keys_t % P
-            k = x.pool.k[pages, g, offs].double()
-            v = x.pool.v[pages, g, offs].double()
+            kc, vc, scales = x.pool.kv(x.fp8)
+            k = kc[pages, g, offs].double() * scales.get("k_scale", 1.0)
+            v = vc[pages, g, offs].double() * scales.get("v_scale", 1.0)
             qh = x.q[t, g * G:(g + 1) * G].double()
             ref = torch.softmax(qh @ k.T * scale, dim=-1) @ v
             err = max(err, float((x.out[t, g * G:(g + 1) * G].double() - ref).abs().max()))
@@ -192,8 +221,8 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
     gen_np = np.random.default_rng(5)
     pages = args.pool_pages or max(max(w.batch * math.ceil(int(w.kv_lens.max()) / P) for w in ws), 8192)
     pool = Pool(pages, hkv, gen)
-    print(f"# {shape}: Hq={hq} Hkv={hkv}, KV pool {pages} pages ({2 * pool.k.numel() * 2 / 2**30:.1f} GiB)",
-          flush=True)
+    print(f"# {shape}: Hq={hq} Hkv={hkv}, KV pool {pages} pages ({2 * pool.k.numel() * 2 / 2**30:.1f} GiB bf16, "
+          f"and its fp8 copy)", flush=True)
     for w in ws:
         x0 = Inputs(w, hq, hkv, pool, gen)
         per_call = x0.kv_bytes(w, hkv)

@@ -17,9 +17,10 @@ constexpr int kTokenTileKeys = 64;   // keys per pipeline stage: a page of >= 64
 constexpr int kTokenStages = 3;
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
-// MTP: tokens per request (grid.x = batch x max_qo_len, one CTA or cluster per token). The issue's
-// speculative decode takes 1-8; longer rows go to the general kernel (tiles of one token as well).
-constexpr int kTokenMaxQoLen = 8;
+// MTP: tokens per request (grid.x = batch x max_qo_len rounded up to a power of two, one CTA or cluster
+// per token), 1 to 16 as MiniMax's kernels take; longer rows go to the general kernel (tiles of one token
+// as well).
+constexpr int kTokenMaxQoLen = 16;
 
 // Shared memory (bytes). The split's fp32 rows for the cluster merge reuse the stages at the end.
 constexpr uint32_t kTokenSmemStages = 0;

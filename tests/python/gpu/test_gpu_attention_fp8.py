@@ -103,10 +103,10 @@ def test_decode_fixed_split_and_workspace_merge(rng, pattern):
     check_fp8(prob, True, "bf16", True, plan_kw=dict(max_splits=24))
 
 
-@pytest.mark.parametrize("qo", [2, 4, 8])
+@pytest.mark.parametrize("qo", [2, 4, 8, 16])
 @pytest.mark.parametrize("heads", [(64, 4), (16, 4)])
 def test_mtp(rng, qo, heads):
-    """MTP: G = 16 takes the token kernel up to 8 tokens per request; G = 4 packs tokens into general tiles."""
+    """MTP: G = 16 takes the token kernel up to 16 tokens per request; G = 4 packs tokens into general tiles."""
     prob = problem(rng, [qo, max(1, qo - 1), qo], [900, 300, 4100], "random", heads=heads, topk=16, page_size=128)
     check_fp8(prob, True, "bf16", True)
 
