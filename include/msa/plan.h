@@ -112,7 +112,7 @@ Plan plan_prefill(const AttentionConfig& cfg, Device device, std::span<const int
                   std::span<const int32_t> kv_lens, std::span<const int32_t> qo_offset = {},
                   const SplitOptions& split = {});
 
-// Decode: 1..8 query tokens per request, every length read on the device at run time.
+// Decode: 1..16 query tokens per request (MTP), every length read on the device at run time.
 Plan plan_decode(const AttentionConfig& cfg, Device device, int batch_size, int max_qo_len, int64_t max_kv_len,
                  const SplitOptions& split = {});
 

@@ -97,7 +97,7 @@ def plan_decode(batch_size, max_qo_len, max_kv_len, *, num_qo_heads, num_kv_head
 
     Args:
         batch_size: requests per call.
-        max_qo_len: bound on query tokens per request (1..8; > 1 for speculative decoding).
+        max_qo_len: bound on query tokens per request (1..16; > 1 for speculative decoding / MTP).
         max_kv_len: bound on keys per request.
         num_qo_heads, num_kv_heads, head_dim, head_dim_v, page_size, topk, causal, device, max_splits,
         fixed_split_blocks: as for msa.plan_prefill.

@@ -84,8 +84,8 @@ Plan plan_decode(const AttentionConfig& cfg, Device device, int batch_size, int 
   const char* fn = "msa.plan_decode";
   check_config(fn, cfg, split);
   MSA_CHECK(batch_size >= 1, kValue, fn, ": argument 'batch_size': expected >= 1, got ", batch_size);
-  MSA_CHECK(max_qo_len >= 1 && max_qo_len <= 8, kValue, fn,
-            ": argument 'max_qo_len': expected 1..8 query tokens per request, got ", max_qo_len);
+  MSA_CHECK(max_qo_len >= 1 && max_qo_len <= 16, kValue, fn,
+            ": argument 'max_qo_len': expected 1..16 query tokens per request, got ", max_qo_len);
   MSA_CHECK(max_kv_len >= 1, kValue, fn, ": argument 'max_kv_len': expected >= 1, got ", max_kv_len);
   Plan p;
   p.cfg_ = cfg;

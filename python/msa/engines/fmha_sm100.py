@@ -70,7 +70,7 @@ from ..plan import plan_decode, plan_prefill  # noqa: E402
 __all__ = ["DECODE_MAX_KV_LEN", "fmha_sm100", "fmha_sm100_decode_plan", "fmha_sm100_plan", "sparse_topk_select"]
 
 BLOCK = 128  # keys per max_score tile and per selectable block (the contract's block)
-DECODE_MAX_QO_LEN = 8  # msa.plan_decode serves 1..8 query tokens per request
+DECODE_MAX_QO_LEN = 8  # fmha_sm100 routes qo_len <= 8 to msa.plan_decode (which takes up to 16)
 # Default bound on the key length of decode-shaped plans: MiniMax-M3's context of 2**20 tokens.
 DECODE_MAX_KV_LEN = 1 << 20
 

@@ -197,7 +197,8 @@ def test_every_e4m3_value_converts_exactly(rng, dtype):
 
 
 def test_nan_bytes_stay_nan(rng):
-    """e4m3's NaN (0x7F / 0xFF) in V makes its output column NaN, in K the logits and so every output NaN."""
+    """e4m3's NaN (0x7F / 0xFF) converts to a 16-bit NaN: in V it makes its output column NaN; in K the call gives
+    what a bf16 cache with a NaN at that key gives."""
     prob = exact_problem(rng)
     f8 = mt.numpy_dtype("fp8")
     k8 = np.full(prob.k_cache.shape, 0x38, np.uint8)  # 1.0
@@ -206,10 +207,16 @@ def test_nan_bytes_stay_nan(rng):
     v8[p0, 0, 0, 5] = 0x7F
     k8[p1, 0, 0, 9] = 0xFF
     t = mt.to_torch(prob, DEV, torch.bfloat16)
-    out, lse = call(plan_for(prob, False), prob, t, to_device_fp8(k8.view(f8)), to_device_fp8(v8.view(f8)))
-    out = out.float().cpu().numpy()
-    assert np.isnan(out[:8, :, 5]).all() and not np.isnan(np.delete(out[:8], 5, axis=2)).any()
-    assert np.isnan(out[8:]).all()
+    plan = plan_for(prob, False)
+    out, lse = call(plan, prob, t, to_device_fp8(k8.view(f8)), to_device_fp8(v8.view(f8)))
+    o = out.float().cpu().numpy()
+    assert np.isnan(o[:8, :, 5]).all() and not np.isnan(np.delete(o[:8], 5, axis=2)).any()
+    k16 = torch.from_numpy(k8.view(f8).astype(np.float32)).to(DEV, torch.bfloat16)
+    v16 = torch.from_numpy(v8.view(f8).astype(np.float32)).to(DEV, torch.bfloat16)
+    assert torch.isnan(k16[p1, 0, 0, 9]) and torch.isnan(v16[p0, 0, 0, 5])
+    out16, lse16 = call(plan, prob, t, k16, v16)
+    assert torch.equal(out.isnan(), out16.isnan()) and torch.equal(lse.isnan(), lse16.isnan())
+    assert torch.equal(out.nan_to_num().view(torch.int16), out16.nan_to_num().view(torch.int16))
 
 
 def test_v_scale_with_bf16_kv(rng):
