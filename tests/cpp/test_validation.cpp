@@ -135,7 +135,7 @@ std::vector<BadCase> plan_cases() {
       {"CudaDeviceInCpuBuild", ErrorKind::kNotImplemented, {pf, "'device'"},
        [] { msa::plan_prefill(good_config(), kCuda, std::vector<int32_t>{1}, std::vector<int32_t>{1}); }, true},
       {"DecodeBatchZero", ErrorKind::kValue, {pd, "'batch_size'"}, decode_with(0, 1, 100)},
-      {"DecodeMaxQoLenAbove8", ErrorKind::kValue, {pd, "'max_qo_len'", "got 9"}, decode_with(2, 9, 100)},
+      {"DecodeMaxQoLenAbove16", ErrorKind::kValue, {pd, "'max_qo_len'", "got 17"}, decode_with(2, 17, 100)},
       {"DecodeMaxQoLenZero", ErrorKind::kValue, {pd, "'max_qo_len'"}, decode_with(2, 0, 100)},
       {"DecodeMaxKvLenZero", ErrorKind::kValue, {pd, "'max_kv_len'"}, decode_with(2, 1, 0)},
   };

@@ -76,7 +76,7 @@ def test_more_tokens_than_max_qo_len_is_rejected(rng):
                       block_idx=a["block_idx"])
 
 
-@pytest.mark.parametrize("bad", [dict(max_qo_len=9), dict(max_qo_len=0), dict(batch_size=0), dict(max_kv_len=0)])
+@pytest.mark.parametrize("bad", [dict(max_qo_len=17), dict(max_qo_len=0), dict(batch_size=0), dict(max_kv_len=0)])
 def test_bad_limits(bad):
     args = dict(batch_size=2, max_qo_len=1, max_kv_len=100) | bad
     with pytest.raises(ValueError, match=next(iter(bad))):

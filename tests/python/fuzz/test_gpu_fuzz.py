@@ -9,7 +9,8 @@ sm90 prefill serve); a ragged batch of 1-9 requests (qo_len 0, empty requests, l
 qo_offset with keys after the chunk, non-causal rows that see no key); causal or not; unsorted rows with
 -1 slots and empty rows; the flat or dense page table, the slot-major pool, the [Hkv, T, topk] index
 layout; decode plans with limits above the batch's and q / block_idx rows past qo_indptr; max_splits /
-fixed_split_blocks; the kernel-choice environment knobs; sm_scale, lse optional, validate. The lengths
+fixed_split_blocks; the kernel-choice environment knobs; sm_scale, lse optional, validate; fp8 e4m3 K/V
+(separate or interleaved pools, against the reference over the dequantized cache). The lengths
 are shrunk until the case's make_problem + ref_attention cost (ref_cost, a conservative estimate) fits
 COST_BUDGET. Outputs are poisoned (NaN) before every run; a failure prints the drawn case, which
 draw_case(seed) rebuilds exactly.
@@ -22,6 +23,7 @@ draws of its own (fp32 and head_dim_v != head_dim too); test_gpu_fuzz (marked gp
     MSA_FUZZ_FIRST_SEED=1000 MSA_FUZZ_SEEDS=2000 PYTHONPATH=build/python python3 -m pytest -q -m gpu \
         tests/python/fuzz/test_gpu_fuzz.py                           # a longer soak over other seeds
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -165,6 +167,11 @@ def draw_case(seed: int, backend: str = "gpu") -> dict:
         data_seed=[seed, 1], plan_max_qo_len=plan_max_qo_len, plan_max_kv_len=plan_max_kv_len,
         extra_q_rows=extra_q_rows, split=split, env=env if backend == "gpu" else {},
         with_lse=r.random() < 0.85, validate=r.random() < 0.1, est_cost=round(ref_cost(case), 4))
+    # Drawn last, so that the draws above stay what they were: fp8 e4m3 K/V (separate pools in the problem's
+    # layout, or the halves of one interleaved pool) for a third of the GPU cases.
+    if backend == "gpu":
+        same_dims = case["problem"]["head_dim_v"] is None
+        case["kv_fp8"] = pick(r, [None, "separate", "interleaved" if same_dims else "separate"], [0.7, 0.15, 0.15])
     return case
 
 
@@ -199,11 +206,34 @@ def check_against_reference(case, prob, o, lse):
 
 # ---- the GPU sweep --------------------------------------------------------------------------------------
 
-def run_torch(torch, case, plan, prob, dev="cuda"):
+FP8_K_SCALE, FP8_V_SCALE = 0.137, 0.29
+
+
+def fp8_kv(torch, case, prob, dev):
+    """(k, v, prob with their dequantized values) for a case with fp8 K/V: separate pools keep the problem's
+    strides (the slot-major pool), or the two halves of one interleaved pool."""
+    k8, v8, kd, vd = mt.fp8_kv(prob, FP8_K_SCALE, FP8_V_SCALE, interleaved=case["kv_fp8"] == "interleaved")
+
+    def to_dev(a):
+        return torch.from_numpy(a.view(np.uint8)).to(dev).view(torch.float8_e4m3fn)
+
+    if case["kv_fp8"] == "interleaved":
+        pool, D = to_dev(k8.base), prob.head_dim
+        k, v = pool[..., :D], pool[..., D:]
+    else:
+        k, v = to_dev(k8), to_dev(v8)
+    return k, v, dataclasses.replace(prob, k_cache=kd, v_cache=vd)
+
+
+def run_torch(torch, case, plan, prob, dev="cuda", kv=None):
     """o, lse (numpy; lse None when the case passes none) of msa.attention on torch tensors, outputs poisoned
     with NaN; q and block_idx hold case["extra_q_rows"] rows past qo_indptr (garbage that the kernels must not
-    read for any query), block_idx keeping the problem's layout."""
+    read for any query), block_idx keeping the problem's layout. kv: (k, v) fp8 tensors in place of prob's."""
     t = mt.to_torch(prob, dev, {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[prob.dtype])
+    scales = {}
+    if kv is not None:
+        t["k_cache"], t["v_cache"] = kv
+        scales = dict(k_scale=FP8_K_SCALE, v_scale=FP8_V_SCALE)
     q, bi = t["q"], t["block_idx"]
     extra = case["extra_q_rows"]
     if extra:
@@ -219,7 +249,7 @@ def run_torch(torch, case, plan, prob, dev="cuda"):
     lse = torch.full((T, prob.num_qo_heads), float("nan"), device=dev, dtype=torch.float32) \
         if case["with_lse"] else None
     call_attention(case, plan, q, t["k_cache"], t["v_cache"], t["page_table"], t["qo_indptr"], t["kv_lens"],
-                   block_idx=bi, qo_offset=t["qo_offset"], page_indptr=t["page_indptr"], out=out, lse=lse)
+                   block_idx=bi, qo_offset=t["qo_offset"], page_indptr=t["page_indptr"], out=out, lse=lse, **scales)
     if dev != "cpu":
         torch.cuda.synchronize()
     n = prob.q.shape[0]
@@ -250,8 +280,14 @@ def test_gpu_fuzz(seed, monkeypatch):
     except Exception as e:
         raise AssertionError(f"{type(e).__name__}: {e}\n{describe(case)}") from e
     print("plan:", plan.describe())  # which kernel, rows, splits, merge
-    o, lse = run_torch(torch, case, plan, prob)
-    check_against_reference(case, prob, o, lse)
+    kv = None
+    if case.get("kv_fp8"):
+        k8, v8, prob_ref = fp8_kv(torch, case, prob, "cuda")
+        kv = (k8, v8)
+    else:
+        prob_ref = prob
+    o, lse = run_torch(torch, case, plan, prob, kv=kv)
+    check_against_reference(case, prob_ref, o, lse)
 
 
 # ---- CPU: the draws themselves, and the CPU backend on a few ----------------------------------------------
