@@ -268,11 +268,15 @@ def markdown(doc: dict) -> str:
     return head + note + "\n" + "\n".join(lines) + "\n"
 
 
-def write_results(bench: str, ceil: dict, rows: list, out_dir: str | None = None, *, record: bool = False) -> Path:
-    """Writes the run's JSON and .md (where: the module docstring) and prints the table."""
+def write_results(bench: str, ceil: dict, rows: list, out_dir: str | None = None, *, record: bool = False,
+                  note: str | None = None) -> Path:
+    """Writes the run's JSON and .md (where: the module docstring) and prints the table; note, when given, is
+    kept in the JSON and printed under the .md header."""
     now = datetime.datetime.now()
     doc = {"bench": bench, "commit": commit(), "device": torch.cuda.get_device_name(),
            "date": now.isoformat(timespec="seconds"), "argv": sys.argv[1:], "ceilings": ceil, "rows": rows}
+    if note:
+        doc["note"] = note
     md = markdown(doc)
     if record:
         targets = [(RESULTS, bench)] + ([(Path(os.environ["OUT"]), bench)] if os.environ.get("OUT") else [])
