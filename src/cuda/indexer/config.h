@@ -53,8 +53,8 @@ inline constexpr int kSm90Stages = 4;                                     // 4 x
 inline constexpr int kSm90RangeBlocks = 128;
 // fp8 keys on fp8 wgmma (scores_sm90_fp8.cuh): the same 256-row tiles and ranges; a stage is a 16 KB
 // block + 512 B of per-token scales, consumed twice as fast as a bf16 block, so twice the stages keep
-// the same bytes in flight (10 x 17 KB + 32 KB of e4m3 queries: 203 KB of shared memory).
-inline constexpr int kSm90F8Stages = 10;
+// the same bytes in flight (8 x 17 KB + 32 KB of e4m3 queries: 170 KB of shared memory).
+inline constexpr int kSm90F8Stages = 8;
 // The portable kernel's range (the sm_90a kernel's measurement above was not repeated for it).
 inline constexpr int kPrefillRangeBlocks = 64;
 
