@@ -8,7 +8,11 @@ Rows (workload ids of shared/spec/benchmarks.md):
   I-scores-P-32K, I-topk-P-32K     prefill, 32768 tokens, no prefix (scores: effective TFLOP/s, 2*D*H per
                                    visible (token, key) pair, eager; top-k: us per call in graph replay,
                                    eager_us the Python call launched eagerly)
-  P-chunk scores / top-k           4096-token chunk on a 28672-token prefix
+  I-scores-P-32K-fp8               the same scores with fp8 index keys: msa = fp8 wgmma (queries rounded to
+                                   e4m3 per row), msa-exact = the exact path (MSA_INDEXER_PREFILL=portable);
+                                   ratio against the bf16 matmul ceiling; agree_entries / agree_rows: the
+                                   top-16 against the exact path's
+  P-chunk scores / top-k           4096-token chunk on a 28672-token prefix (I-scores-P-chunk-fp8 likewise)
   I-step-D-B1 / I-step-D-B64       decode step (scores + top-k) at 65536 tokens, CUDA-graph replay;
   I-step-D-B64-fp8                 gbps = index-K bytes read (+ fp8 scales) / time
   I-scores-D-B64[-fp8]             the scores kernel alone, graph replay
@@ -171,6 +175,56 @@ def prefill_rows(ceil, name, qo_len, kv_len, iters, with_sm80):
     return rows
 
 
+def shared_entries(a, b):
+    """Fraction of b's valid entries (>= 0) that a's row of the same (token, head) also holds, and the
+    fraction of identical rows: index tensors [..., topk]."""
+    hit = ((a[..., :, None] == b[..., None, :]) & (b[..., None, :] >= 0)).any(-2).sum()
+    return (round(hit.item() / max(1, (b >= 0).sum().item()), 4),
+            round((a == b).all(-1).float().mean().item(), 4))
+
+
+def fp8_prefill_rows(ceil, name, qo_len, kv_len, iters, with_exact):
+    """Scores with fp8 index keys: the default (fp8 wgmma, queries rounded to e4m3 per row) and, with
+    with_exact, the exact path (MSA_INDEXER_PREFILL=portable: keys converted to fp16). ratio is against the
+    bf16 matmul ceiling; max_err against fp32 scores of the dequantized keys and the unrounded queries;
+    agree_entries / agree_rows: the top-16 against the exact path's (unit-variance q and k)."""
+    rows = []
+    k, table = paged_cache(kv_len, 1)
+    k8, ks = quantize_fp8(k)
+    del k
+    q = torch.randn((qo_len, H, D), device=dev, dtype=torch.bfloat16)
+    qo_indptr, kv_lens = i32([0, qo_len]), i32([kv_len])
+    nb = math.ceil(kv_len / BLOCK)
+    prefix = kv_len - qo_len
+    flop = 2 * D * H * (qo_len * prefix + qo_len * (qo_len + 1) // 2)
+    tokens = sorted({0, qo_len - 1, qo_len // 2, *torch.randint(0, qo_len, (13,)).tolist()})
+    exact_env = {"MSA_INDEXER_PREFILL": "portable"}
+    for layout in ("HKT", "THK"):
+        out = torch.empty((H, nb, qo_len) if layout == "HKT" else (qo_len, H, nb), device=dev)
+        hkt = out if layout == "HKT" else out.permute(1, 2, 0)
+        impls = [("msa", None)] + ([("msa-exact", exact_env)] if with_exact else [])
+        for impl, env in impls:
+            with env_vars(env):
+                us = common.time_eager(scores_call(q, k8, table, qo_indptr, kv_lens, out, layout, k_scale=ks),
+                                       iters=iters)
+            err = sample_score_error(hkt, q, k8, table, qo_indptr, kv_lens, tokens, k_scale=ks)
+            extra = {}
+            if impl == "msa" and layout == "HKT":
+                idx = torch.empty((qo_len, H, TOPK), device=dev, dtype=torch.int32)
+                ref_out = torch.empty_like(out)
+                ref_idx = torch.empty_like(idx)
+                with env_vars(exact_env):
+                    scores_call(q, k8, table, qo_indptr, kv_lens, ref_out, layout, k_scale=ks)()
+                topk_call(out, qo_indptr, kv_lens, idx, layout)()
+                topk_call(ref_out, qo_indptr, kv_lens, ref_idx, layout)()
+                extra["agree_entries"], extra["agree_rows"] = shared_entries(idx, ref_idx)
+                del ref_out
+            rows.append(common.row(f"I-scores-{name}-fp8", "M3-indexer", layout, impl, us,
+                                   tflops=flop / (us * 1e-6) / 1e12, ceil=ceil, max_err=round(err, 6), **extra))
+            print(rows[-1], flush=True)
+    return rows
+
+
 def decode_rows(ceil, B, kv_len, iters, fp8, rotate, variants=False):
     rows = []
     caches = [paged_cache(kv_len, B, seed=i) for i in range(rotate)]
@@ -253,6 +307,8 @@ def launch_once():
     out = torch.empty((H, 256, 32768), device=dev)
     qo, kv = i32([0, 32768]), i32([32768])
     scores_call(q, k, table, qo, kv, out, "HKT")()
+    k8, ks = quantize_fp8(k)
+    scores_call(q, k8, table, qo, kv, out, "HKT", k_scale=ks)()
     topk_call(out, qo, kv, torch.empty((32768, H, TOPK), device=dev, dtype=torch.int32), "HKT")()
     B = 64
     k, table = paged_cache(65536, B)
@@ -285,8 +341,10 @@ def main():
     rows = []
     rows += graph_floor_rows(50)
     rows += prefill_rows(ceil, "P-32K", 32768, 32768, iters, with_sm80=not args.quick)
+    rows += fp8_prefill_rows(ceil, "P-32K", 32768, 32768, iters, with_exact=not args.quick)
     if not args.quick:
         rows += prefill_rows(ceil, "P-chunk", 4096, 32768, iters, with_sm80=False)
+        rows += fp8_prefill_rows(ceil, "P-chunk", 4096, 32768, iters, with_exact=False)
     rows += decode_rows(ceil, 1, 65536, 20 if args.quick else 50, fp8=False, rotate=8, variants=args.variants)
     rows += decode_rows(ceil, 64, 65536, 10 if args.quick else 30, fp8=True, rotate=8, variants=args.variants)
     common.write_results("indexer", ceil, rows, args.out_dir, record=args.record)

@@ -39,9 +39,11 @@ constexpr Knob kTable[] = {
     {"MSA_INDEXER_PREFILL",
      {"auto", "portable"},
      "portable: prefill-shaped block scores on the mma.sync kernel (sm_80+) instead of the sm_90a wgmma "
-     "kernel.",
-     "The mma.sync kernel is what every GPU but sm_90 runs (and sm_90 for fp8 keys): tests check it with "
-     "bf16 keys on the H200, and bench/indexer.py times it (msa-sm80)."},
+     "kernels. With fp8 index keys this is the exact path (keys converted to fp16, fp32 sums) instead of "
+     "fp8 wgmma on queries quantized to e4m3 per row (~0.3 rms of score error on unit-variance data).",
+     "The mma.sync kernel is what every GPU but sm_90 runs: tests check it with bf16 and fp8 keys on the "
+     "H200, and bench/indexer.py times it (msa-sm80, msa-exact); fp8 users who want scores without the "
+     "query's e4m3 rounding set it."},
     {"MSA_INDEXER_DECODE",
      {"auto", "stream"},
      "stream: decode-shaped block scores on the streaming kernel instead of the sm_90 TMA ring.",

@@ -7,6 +7,9 @@
 // differ by 8, subnormals included; the NaN encoding reads as 480 * 2^-8 there): e4m3x4_to_f16x4_raw
 // returns that, and e4m3_f16_unscale() is the factor a caller folds into a later scale. bf16 has no such
 // instruction: a bf16 pair goes through fp32 (two HADD2.F32 and one F2FP.BF16.F32.PACK_AB on sm_90).
+//
+// The other direction (fp32 -> e4m3, round to nearest even, saturating to +-448) quantizes operands of
+// the fp8 MMAs: f32x4_to_e4m3x4 is two cvt.rn.satfinite.e4m3x2.f32 (sm_89+; F2FP.SATFINITE.E4M3.F32.PACK_AB).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -70,6 +73,23 @@ __device__ __forceinline__ void e4m3x16_to(const uint4& in, uint4& out0, uint4& 
   const uint2 c = e4m3x4_to_f16x4_raw(in.z), d = e4m3x4_to_f16x4_raw(in.w);
   out0 = make_uint4(f16x2_raw_to<T>(a.x), f16x2_raw_to<T>(a.y), f16x2_raw_to<T>(b.x), f16x2_raw_to<T>(b.y));
   out1 = make_uint4(f16x2_raw_to<T>(c.x), f16x2_raw_to<T>(c.y), f16x2_raw_to<T>(d.x), f16x2_raw_to<T>(d.y));
+}
+
+// Four floats -> four e4m3 bytes, a lowest: rounded to nearest even, magnitudes above 448 saturated to
+// 448, NaN kept NaN. sm_89+ only (there is no e4m3 MMA before).
+__device__ __forceinline__ uint32_t f32x4_to_e4m3x4(float a, float b, float c, float d) {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // cvt puts its first source in the high byte of the pair.
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      " mov.b32 %0, {lo, hi};\n}"
+      : "=r"(r)
+      : "f"(a), "f"(b), "f"(c), "f"(d));
+#else
+  (void)a, (void)b, (void)c, (void)d;
+  __trap();
+#endif
+  return r;
 }
 
 }  // namespace msa::detail::cuda::arch

@@ -1,9 +1,11 @@
 // Warpgroup MMA (wgmma, sm_90a): shared-memory matrix descriptors, the fence / commit / wait of the
-// asynchronous window, and the two m64n128k16 forms used (fp32 accumulators). CCCL has no wrapper for
-// wgmma, so this is inline PTX.
+// asynchronous window, and the forms used (fp32 accumulators). CCCL has no wrapper for wgmma, so this
+// is inline PTX.
 //
 //   wgmma_m64n128k16_ss: A and B in shared memory, both K-major        (S = Q K^T: prefill, indexer)
 //   wgmma_m64n128k16_rs: A in registers, B in shared memory, MN-major  (O += P V: prefill)
+//   wgmma_m64n128k32_ss_e4m3: fp8 e4m3 A and B in shared memory, K-major (fp8 indexer scores; 32 bytes
+//                        of K per instruction as for k16 in 16 bits, at twice the 16-bit rate)
 //
 // Operands in shared memory use the 128-byte swizzle that TMA writes (CU_TENSOR_MAP_SWIZZLE_128B): rows
 // of 128 B (64 elements), 16-byte chunk c of row r stored at chunk c ^ (r % 8), atoms of 8 rows =
@@ -131,6 +133,18 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], uint32_t a0,
         : MSA_WGMMA_D64_OPERANDS(d)
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
   }
+}
+
+// D (+)= A B over 32 e4m3 elements of K, A and B in shared memory, both K-major (the only layout fp8
+// wgmma has). Same descriptors and accumulator layout as wgmma_m64n128k16_ss: a K-step of 32 bytes.
+__device__ __forceinline__ void wgmma_m64n128k32_ss_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                         bool accumulate) {
+  const uint32_t scale_d = accumulate ? 1u : 0u;
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " MSA_WGMMA_D64 ", %64, %65, p, 1, 1;\n}\n"
+      : MSA_WGMMA_D64_OPERANDS(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
 #undef MSA_WGMMA_D64

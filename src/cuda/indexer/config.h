@@ -51,6 +51,10 @@ inline constexpr int kSm90Stages = 4;                                     // 4 x
 // and keeps P-chunk (64 tiles) from leaving SMs idle. H200, P-32K: 128 blocks beat 64 by 1-4% (HKT 1235
 // vs 1285 us; fewer 64 KB query loads and pipeline fills) and 32 by 4-6%.
 inline constexpr int kSm90RangeBlocks = 128;
+// fp8 keys on fp8 wgmma (scores_sm90_fp8.cuh): the same 256-row tiles and ranges; a stage is a 16 KB
+// block + 512 B of per-token scales, consumed twice as fast as a bf16 block, so twice the stages keep
+// the same bytes in flight (8 x 17 KB + 32 KB of e4m3 queries: 170 KB of shared memory).
+inline constexpr int kSm90F8Stages = 8;
 // The portable kernel's range (the sm_90a kernel's measurement above was not repeated for it).
 inline constexpr int kPrefillRangeBlocks = 64;
 

@@ -144,6 +144,18 @@ __device__ __forceinline__ int fp16_row_exponent(float amax) {
 }
 __device__ __forceinline__ float exp2_int(int e) { return __uint_as_float(static_cast<uint32_t>(127 + e) << 23); }
 
+// Shared memory at shared-window addresses: two adjacent floats (LDS.64), 16 bytes (STS.128).
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 template <typename T>
 __device__ __forceinline__ float2 to_float2(uint32_t w) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {

@@ -55,9 +55,14 @@ void block_scores(const BlockScoresParams& p, void* stream) {
     // other GPUs on sm_90 too.
     const bool ring = sm90 && G <= kRingMaxGroup && !knobs::indexer_stream_decode(fn) && ring_scores_available(device);
     if (!ring || !launch_scores_ring(p, device, st)) launch_scores_stream(p, st);
-  } else if (!fp8 && G <= kSm90Rows && sm90 && !knobs::indexer_portable_prefill(fn) &&
-             sm90_scores_available(device)) {
-    launch_scores_sm90(p, st);
+  } else if (G <= kSm90Rows && sm90 && !knobs::indexer_portable_prefill(fn) &&
+             (fp8 ? sm90_fp8_scores_available(device) : sm90_scores_available(device))) {
+    // fp8 keys: fp8 wgmma with e4m3 queries (scores_sm90_fp8.cuh). MSA_INDEXER_PREFILL=portable takes the
+    // exact path (keys converted to fp16).
+    if (fp8)
+      launch_scores_sm90_fp8(p, st);
+    else
+      launch_scores_sm90(p, st);
   } else if (G <= kPortableRows) {
     launch_scores_portable(p, st);
   } else {

@@ -25,7 +25,13 @@ bool launch_scores_ring(const BlockScoresParams& p, int device, cudaStream_t str
 bool sm90_scores_available(int device);
 void launch_scores_sm90(const BlockScoresParams& p, cudaStream_t stream);
 
-// Prefill on any sm_80+ device (mma.sync), bf16/fp16/fp8 index keys, head group <= kPortableRows.
+// Prefill on sm_90a with fp8 index keys on fp8 wgmma (queries quantized to e4m3 per row), head group
+// <= kSm90Rows. False when this binary holds no sm_90a code for the kernel.
+bool sm90_fp8_scores_available(int device);
+void launch_scores_sm90_fp8(const BlockScoresParams& p, cudaStream_t stream);
+
+// Prefill on any sm_80+ device (mma.sync), bf16/fp16/fp8 index keys, head group <= kPortableRows; for fp8
+// keys the exact path (keys converted to fp16, queries rescaled by a power of two).
 void launch_scores_portable(const BlockScoresParams& p, cudaStream_t stream);
 
 void launch_select_topk(const SelectTopkParams& p, cudaStream_t stream);
