@@ -15,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/arch/sm80.cuh"
+
 #include <cstdint>
 #include <type_traits>
 
@@ -90,6 +92,50 @@ __device__ __forceinline__ uint32_t f32x4_to_e4m3x4(float a, float b, float c, f
   __trap();
 #endif
   return r;
+}
+
+// ---- 16-bit rows as fp16 operands of the MMAs that meet fp8 values -----------------------------------
+// e4m3 -> fp16 is one instruction, e4m3 -> bf16 four (above), so a kernel that meets fp8 K with bf16 q may
+// instead bring each q row into fp16 with a power-of-two scale: amax * 2^e lands in [2^14, 2^15), so a bf16
+// row converts without overflow or loss of its 8 significant bits (elements below amax * 2^-28 become fp16
+// subnormals, a relative effect under 2^-20 on the row's dot products); the products are then unscaled by
+// 2^-e in fp32. fp16_row_exponent returns e in [-126, 126], so that 2^e and 2^-e are normal floats.
+__device__ __forceinline__ int fp16_row_exponent(float amax) {
+  const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
+  return min(max(141 - biased, -126), 126);
+}
+__device__ __forceinline__ float exp2_int(int e) { return __uint_as_float(static_cast<uint32_t>(127 + e) << 23); }
+
+template <typename T>
+__device__ __forceinline__ float2 to_float2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  }
+}
+
+__device__ __forceinline__ float amax_of(uint32_t w, bool bf16) {
+  const float2 f = bf16 ? to_float2<__nv_bfloat16>(w) : to_float2<__half>(w);
+  return fmaxf(fabsf(f.x), fabsf(f.y));
+}
+
+// Rescales 8 elements (one 16-byte chunk of T) by `scale` into fp16.
+template <typename T>
+__device__ __forceinline__ uint4 chunk_to_scaled_f16(uint4 v, float scale) {
+  uint4 r;
+  float2 f;
+  f = to_float2<T>(v.x), r.x = pack2<__half>(f.x * scale, f.y * scale);
+  f = to_float2<T>(v.y), r.y = pack2<__half>(f.x * scale, f.y * scale);
+  f = to_float2<T>(v.z), r.z = pack2<__half>(f.x * scale, f.y * scale);
+  f = to_float2<T>(v.w), r.w = pack2<__half>(f.x * scale, f.y * scale);
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ float chunk_amax(uint4 v) {
+  const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  return fmaxf(fmaxf(amax_of(v.x, bf16), amax_of(v.y, bf16)), fmaxf(amax_of(v.z, bf16), amax_of(v.w, bf16)));
 }
 
 }  // namespace msa::detail::cuda::arch

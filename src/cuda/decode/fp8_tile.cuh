@@ -1,14 +1,15 @@
-// fp8 K/V tiles of the paged kernels: loaded by cp.async as they lie in the cache (row-major, D bytes per
-// key, K rows then V rows of the tile: half the bytes of a 16-bit tile), then converted by the whole CTA
-// into the swizzled 16-bit tile the MMA loops read (16-byte chunk c of row r at byte
+// fp8 K/V tiles of the paged kernels. The general kernel loads them by cp.async as they lie in the cache
+// (row-major, D bytes per key, K rows then V rows: half the bytes of a 16-bit tile) and converts them with
+// the whole CTA into the swizzled 16-bit tile its MMA loops read (16-byte chunk c of row r at byte
 // 128 * (c / 8) + ((c % 8) ^ (r % 8)) * 16 of the row): K in q's type, V in fp16 (P V then runs on fp16
 // MMAs whatever q's type: e4m3 -> fp16 is one instruction per pair on sm_89+, bf16 four; P in [0, 2^8]
-// loses nothing in fp16). The conversion is exact (arch/fp8.cuh), so an fp8 cache costs no accuracy
-// beyond its own rounding.
+// loses nothing in fp16). The single-token kernel converts only V so; its K fragments come straight from
+// the fp8 rows (below). Every conversion is exact (arch/fp8.cuh), so an fp8 cache costs no accuracy beyond
+// its own rounding.
 //
-// Shared memory: the converted tile takes one 16-bit stage and the fp8 ring the rest, 2 (stages - 1)
-// fp8 stages in the bytes of `stages` 16-bit ones: as many bytes in flight as the 16-bit ring, at
-// twice the keys.
+// Shared memory of the general kernel: the converted tile takes one 16-bit stage and the fp8 ring the rest,
+// 2 (stages - 1) fp8 stages in the bytes of `stages` 16-bit ones: as many bytes in flight as the 16-bit
+// ring, at twice the keys.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -18,6 +19,7 @@
 #include <type_traits>
 
 #include "cuda/arch/fp8.cuh"
+#include "cuda/arch/sm80.cuh"
 #include "cuda/arch/memory.cuh"
 
 namespace msa::detail::cuda::decode {
@@ -35,26 +37,20 @@ __host__ __device__ constexpr int fp8_stages(int stages16) { return 2 * (stages1
 template <typename T, typename KV>
 using PvType = std::conditional_t<kIsFp8<KV>, __half, T>;
 
-// Converts the staged fp8 tile at `src` (KEYS K rows then KEYS V rows of D bytes) into the 16-bit tile
-// at `dst` (KEYS K rows, then KEYS V rows, of 2 D bytes, swizzled). Every thread of the CTA takes part;
-// the caller orders it between barriers (the tile landed; the previous tile's MMAs are done) and
-// before the MMAs (a barrier after).
-template <typename T, int D, int KEYS, int THREADS>
-__device__ __forceinline__ void convert_fp8_tile(uint32_t src, uint32_t dst, int tid) {
+// Converts ROWS staged fp8 rows at `src` (D bytes each, row-major) into 16-bit rows of U at `dst` (2 D bytes,
+// swizzled). Every thread of the CTA takes part; the caller orders it between barriers (the rows landed; the
+// previous tile's reads of `dst` are done) and before the MMAs that read `dst` (a barrier after).
+template <typename U, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void convert_fp8_rows(uint32_t src, uint32_t dst, int tid) {
   constexpr int kRowChunks = D / 16;  // 16-byte fp8 chunks per row
-  constexpr int kChunks = 2 * KEYS * kRowChunks;
-  static_assert((KEYS * kRowChunks) % THREADS == 0 && KEYS % 8 == 0, "K and V in whole passes; K and V rows share r % 8");
+  static_assert((ROWS * kRowChunks) % THREADS == 0, "whole passes");
   constexpr uint32_t kRowBytes = D * 2;
 #pragma unroll
-  for (int pass = 0; pass < kChunks / THREADS; ++pass) {
+  for (int pass = 0; pass < ROWS * kRowChunks / THREADS; ++pass) {
     const int i = pass * THREADS + tid;
-    const int r = i / kRowChunks, f = i % kRowChunks;  // rows [0, KEYS) are K, [KEYS, 2 KEYS) are V
-    const uint4 raw = arch::ld_shared_v4(src + i * 16);
+    const int r = i / kRowChunks, f = i % kRowChunks;
     uint4 lo, hi;  // 16-bit chunks 2f and 2f + 1
-    if (pass < kChunks / THREADS / 2)
-      arch::e4m3x16_to<T>(raw, lo, hi);
-    else
-      arch::e4m3x16_to<__half>(raw, lo, hi);
+    arch::e4m3x16_to<U>(arch::ld_shared_v4(src + i * 16), lo, hi);
     // Chunk 2f (f % 8 < 4) or 2f + 1 (f % 8 >= 4) first: the 8 threads of a store phase then hit 8
     // distinct 16-byte bank groups (chunks 2f of f = 0..7 would pair up across the two 128-byte halves).
     const bool odd_first = (f & 4) != 0;
@@ -62,6 +58,69 @@ __device__ __forceinline__ void convert_fp8_tile(uint32_t src, uint32_t dst, int
     const uint32_t row = dst + r * kRowBytes;
     arch::st_shared_v4(row + 128 * (c0 >> 3) + (((c0 & 7) ^ (r & 7)) << 4), odd_first ? hi : lo);
     arch::st_shared_v4(row + 128 * (c1 >> 3) + (((c1 & 7) ^ (r & 7)) << 4), odd_first ? lo : hi);
+  }
+}
+
+// ---- K fragments straight from fp8 rows (the single-token kernel) ---------------------------------------
+// S = Q K^T sums over the head dims in any order, so Q and K may both take a permuted dim order. In this
+// one, thread (g = lane / 4, t = lane % 4) of an m16n8k16 feeds, at k-step kk, the dims 32t + 4kk + {0, 1}
+// (its k positions 2t, 2t + 1) and 32t + 4kk + {2, 3} (positions 2t + 8, 2t + 9): over the 8 k-steps of
+// D = 128 a thread meets dims [32t, 32t + 32) of its key row, 32 contiguous fp8 bytes, two 16-byte loads,
+// each 4-byte word one k-step's B fragment after one e4m3 -> fp16 instruction per pair. K never goes
+// through a converted copy in shared memory (no stores, no barrier). K rows land with their 16-byte chunks
+// swizzled (chunk c of row r at (c ^ (r % 8)) * 16), so a quarter-warp's loads (rows g, g + 1, chunks 2t or
+// 2t + 1) hit 8 distinct bank groups.
+// Q meets fp16 K in fp16: a bf16 row is brought into fp16 range by 2^e (arch::fp16_row_exponent, exact) and
+// its logits are multiplied by 2^-e; an fp16 row is used as it is.
+
+// The A fragments of 16 Q rows (rows g and g + 8 of this thread) in that dim order, from the 16-bit Q tile
+// at s_q (rows of 256 bytes, 16-byte chunk c at (c ^ (r % 8)) * 16), in fp16; unscale[j] = 2^-e of row
+// g + 8j (1 for fp16 q).
+template <typename T>
+__device__ __forceinline__ void q_fragments_dim_permuted(uint32_t s_q, int lane, uint32_t (&qa)[8][4],
+                                                         float (&unscale)[2]) {
+  const int g = lane >> 2, t = lane & 3;
+  uint4 c[2][4];  // row g + 8j, dims 32t + 8u .. + 7
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int r = g + 8 * j;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) c[j][u] = arch::ld_shared_v4(s_q + r * 256 + (((4 * t + u) ^ (r & 7)) << 4));
+    unscale[j] = 1.f;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      float amax = 0.f;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) amax = fmaxf(amax, arch::chunk_amax<T>(c[j][u]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // the row's 4 threads
+      const int e = arch::fp16_row_exponent(amax);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) c[j][u] = arch::chunk_to_scaled_f16<T>(c[j][u], arch::exp2_int(e));
+      unscale[j] = arch::exp2_int(-e);
+    }
+  }
+  const auto word = [](const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; };
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const int u = kk >> 1, w = 2 * (kk & 1);
+    qa[kk][0] = word(c[0][u], w);
+    qa[kk][1] = word(c[1][u], w);
+    qa[kk][2] = word(c[0][u], w + 1);
+    qa[kk][3] = word(c[1][u], w + 1);
+  }
+}
+
+// The 8 k-steps' B fragments of one key row: the fp8 row at `row` (128 bytes, chunks swizzled by r7 = row % 8),
+// dims [32t, 32t + 32), as fp16 (each value the e4m3 value / arch::e4m3_f16_unscale()).
+__device__ __forceinline__ void k_fragments_fp8(uint32_t row, int t, int r7, uint32_t (&b)[8][2]) {
+  const uint4 c0 = arch::ld_shared_v4(row + (((2 * t) ^ r7) << 4));
+  const uint4 c1 = arch::ld_shared_v4(row + (((2 * t + 1) ^ r7) << 4));
+  const uint32_t w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint2 h = arch::e4m3x4_to_f16x4_raw(w[kk]);
+    b[kk][0] = h.x;
+    b[kk][1] = h.y;
   }
 }
 

@@ -409,7 +409,9 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     KeyFetch ahead;
     if (tid < kKeys) ahead = fetch_begin(x + NS);
     if constexpr (kF8) {  // tile x into the 16-bit tile every warp then reads (the previous one's reads are done)
-      convert_fp8_tile<T, D, kKeys, kThreads>(stages + stage * kLoadStageBytes, conv, tid);
+      const uint32_t k8 = stages + stage * kLoadStageBytes;
+      convert_fp8_rows<T, D, kKeys, kThreads>(k8, conv, tid);
+      convert_fp8_rows<__half, D, kKeys, kThreads>(k8 + kKeys * kLoadRowBytes, conv + kKeys * kRowBytes, tid);
       __syncthreads();
     }
 

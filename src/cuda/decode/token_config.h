@@ -15,6 +15,9 @@ constexpr int kTokenRows = 16;       // MMA rows: the query heads of one KV head
 constexpr int kTokenHeadDim = 128;
 constexpr int kTokenTileKeys = 64;   // keys per pipeline stage: a page of >= 64 keys holds a whole tile
 constexpr int kTokenStages = 3;
+// fp8 K/V: the converted V tile (16 KB, fp8_tile.cuh) and 5 fp8 stages of 16 KB in the bytes of the 16-bit
+// ring: 80 KB in flight per CTA, as 5 x 64 keys.
+constexpr int kTokenStagesFp8 = 5;
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
 // MTP: tokens per request (grid.x = batch x max_qo_len rounded up to a power of two, one CTA or cluster
@@ -51,6 +54,9 @@ constexpr uint32_t kTokenSmemPushBytes = kTokenSmemRecvO + kTokenRecvRows * kTok
 
 static_assert(kTokenRows * kTokenHeadDim * 4u + kTokenRows * 4u <= kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
               "the merge rows fit the stage memory");
+static_assert(kTokenTileKeys * kTokenHeadDim * 2u + kTokenStagesFp8 * 2u * kTokenTileKeys * kTokenHeadDim <=
+                  kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
+              "the fp8 ring fits the 16-bit ring's bytes");
 static_assert(kTokenSmemTiles % 8 == 0, "tile records hold int64 offsets");
 static_assert(kTokenSmemMergeBar % 8 == 0 && kTokenSmemRecvO % 16 == 0, "barrier and row alignment");
 static_assert(token_push_smem_bytes(16) == token_push_smem_bytes(4) &&

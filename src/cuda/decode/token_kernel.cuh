@@ -159,9 +159,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   constexpr uint32_t kRowBytes = D * 2;                       // one 16-bit K / V / Q row
   constexpr uint32_t kTileBytes = kTokenTileKeys * kRowBytes;  // K (or V) of one 16-bit tile: 16 KB
   constexpr uint32_t kStageBytes = 2 * kTileBytes;
-  // The ring: kTokenStages 16-bit stages, or (fp8) the converted tile and twice as many fp8 stages less two
-  // in the same bytes (fp8_tile.cuh).
-  constexpr int kStages = kF8 ? fp8_stages(kTokenStages) : kTokenStages;
+  // The ring: kTokenStages 16-bit stages, or (fp8) the converted V tile and kTokenStagesFp8 fp8 stages in the
+  // same bytes (fp8_tile.cuh).
+  constexpr int kStages = kF8 ? kTokenStagesFp8 : kTokenStages;
   constexpr uint32_t kLoadRowBytes = D * sizeof(KV);
   constexpr uint32_t kLoadStageBytes = 2 * kTokenTileKeys * kLoadRowBytes;
   constexpr unsigned kFull = 0xffffffffu;
@@ -177,8 +177,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const int b = static_cast<int>(blockIdx.x >> kp.tq_shift), ti = static_cast<int>(blockIdx.x & ((1u << kp.tq_shift) - 1u));
   // A full batch of TQ tokens per request has request b's token ti at row x_cta.
   const int64_t x_cta = static_cast<int64_t>(b) * TQ + ti;
-  const uint32_t s_conv = arch::smem_addr(smem) + kTokenSmemStages;  // fp8: the converted tile
-  const uint32_t s_stages = s_conv + (kF8 ? kStageBytes : 0);
+  const uint32_t s_conv = arch::smem_addr(smem) + kTokenSmemStages;  // fp8: the converted V tile
+  const uint32_t s_stages = s_conv + (kF8 ? kTileBytes : 0);
   const uint32_t s_q = arch::smem_addr(smem) + kTokenSmemQ;
   const uint32_t s_p = arch::smem_addr(smem) + kTokenSmemP;
   float* red_max = reinterpret_cast<float*>(smem + kTokenSmemRedMax);  // [warp][row]
@@ -372,17 +372,19 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // ---- 3. K/V tiles through a cp.async ring of kStages stages -----------------------------------------
   // Thread (row r0 + 16i, chunks t8 and t8 + 8; fp8: chunk t8 of a 128-byte row): each instruction moves
   // 128 contiguous bytes of a row; rows past the tile's visible keys are zero-filled (nothing read), so
-  // P = 0 meets V = 0 there. 16-bit rows land swizzled, fp8 rows as they are.
+  // P = 0 meets V = 0 there. 16-bit rows land swizzled, fp8 K rows too (for k_fragments_fp8), fp8 V rows as
+  // they are (for convert_fp8_rows).
   const KV* kg = static_cast<const KV*>(p.k.data);
   const KV* vg = static_cast<const KV*>(p.v.data);
   const int r0 = tid >> 3, t8 = tid & 7;
   constexpr int kRowChunks = kLoadRowBytes / 128;  // 128-byte pieces of a row: 2, or 1 (fp8)
   constexpr int kChunkElems = 16 / sizeof(KV);
-  const uint32_t ld_dst = kF8 ? r0 * kLoadRowBytes + t8 * 16 : r0 * kRowBytes + ((t8 ^ (r0 & 7)) << 4);
+  const uint32_t ld_dst = r0 * kLoadRowBytes + ((t8 ^ (r0 & 7)) << 4);
+  const uint32_t ld_dst_v = kF8 ? r0 * kLoadRowBytes + t8 * 16 + kTokenTileKeys * kLoadRowBytes : ld_dst + kTileBytes;
   const auto issue = [&](int x, int stage) {
     if (x < n_tiles) {
       const TokenTile t = tiles[x];
-      const uint32_t ks = s_stages + stage * kLoadStageBytes + ld_dst, vs = ks + kTokenTileKeys * kLoadRowBytes;
+      const uint32_t ks = s_stages + stage * kLoadStageBytes + ld_dst, vs = s_stages + stage * kLoadStageBytes + ld_dst_v;
       const KV* kr = kg + t.k_off + t8 * kChunkElems;
       const KV* vr = vg + t.v_off + t8 * kChunkElems;
 #pragma unroll
@@ -443,7 +445,13 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   arch::cp_async_wait<kStages - 1>();
   __syncthreads();
   uint32_t qa[D / 16][4];
-  {
+  float logit_scale[2] = {kp.scale_log2, kp.scale_log2};  // of rows row0 and row0 + 8 (exp2 domain)
+  if constexpr (kF8) {  // fp16 Q in the dim order of k_fragments_fp8 (fp8_tile.cuh)
+    float unscale[2];
+    q_fragments_dim_permuted<T>(s_q, lane, qa, unscale);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) logit_scale[j] = kp.scale_log2 * unscale[j] * arch::e4m3_f16_unscale();
+  } else {
     const int mi = lane >> 3, r = (mi & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -462,11 +470,13 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     __syncthreads();  // tile x landed for all; every warp is done with tile x-1 (its stage, P, sums)
     issue(x + kStages - 1, issue_stage);
     issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
-    if constexpr (kF8) {  // tile x into the 16-bit tile every warp then reads (the previous one's reads are done)
-      convert_fp8_tile<T, D, kTokenTileKeys, kTokenThreads>(s_stages + stage * kLoadStageBytes, s_conv, tid);
-      __syncthreads();
+    const uint32_t ks = s_stages + stage * kLoadStageBytes;
+    const uint32_t vs = kF8 ? s_conv : ks + kTileBytes;
+    if constexpr (kF8) {
+      // V of tile x into fp16 (the previous tile's P V reads are done: the barrier above); the softmax's
+      // first barrier below orders these stores before this tile's P V.
+      convert_fp8_rows<__half, D, kTokenTileKeys, kTokenThreads>(ks + kTokenTileKeys * kLoadRowBytes, s_conv, tid);
     }
-    const uint32_t ks = kF8 ? s_conv : s_stages + stage * kStageBytes, vs = ks + kTileBytes;
     stage = stage == kStages - 1 ? 0 : stage + 1;
     const int visible = tiles[x].visible;
     if (x < 8) MSA_TRACE_MARK(4 + x, visible);  // tile x landed
@@ -474,7 +484,16 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     float s[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-    {
+    if constexpr (kF8) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int kr = warp * 16 + n * 8 + row0;  // this thread's key row of n-tile n
+        uint32_t bk[D / 16][2];
+        k_fragments_fp8(ks + kr * kLoadRowBytes, lane & 3, kr & 7, bk);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) arch::mma_m16n8k16<__half>(s[n], qa[kk], bk[kk][0], bk[kk][1]);
+      }
+    } else {
       const int mi = lane >> 3, kr = warp * 16 + (mi >> 1) * 8 + (lane & 7);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -491,7 +510,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = warp * 16 + n * 8 + 2 * (lane & 3) + (e & 1);
-        s[n][e] = key < visible ? s[n][e] * kp.scale_log2 : -INFINITY;
+        s[n][e] = key < visible ? s[n][e] * logit_scale[e >> 1] : -INFINITY;
         mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
       }
 #pragma unroll

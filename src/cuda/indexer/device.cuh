@@ -12,6 +12,7 @@
 
 #include "core/params.h"
 #include "cuda/arch/fp8.cuh"
+#include "cuda/arch/memory.cuh"
 #include "cuda/arch/sm80.cuh"
 #include "cuda/indexer/config.h"
 
@@ -135,58 +136,15 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 
 // ---------------------------------------------------------------------------------------------
 // fp8 e4m3 keys become fp16 for the mma (arch/fp8.cuh: e4m3x4_to_f16x4_raw, e4m3_f16_unscale).
-// Per-row power-of-two scale that brings a query row into fp16 range for the fp8 path: amax * 2^e lands
-// in [2^14, 2^15), so a bf16 row converts to fp16 without overflow or loss of its 8 significant bits.
-// Returns e in [-126, 126] so that both 2^e and 2^-e are normal floats.
-__device__ __forceinline__ int fp16_row_exponent(float amax) {
-  const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
-  return clamp_to(141 - biased, -126, 126);
-}
-__device__ __forceinline__ float exp2_int(int e) { return __uint_as_float(static_cast<uint32_t>(127 + e) << 23); }
-
-// Shared memory at shared-window addresses: two adjacent floats (LDS.64), 16 bytes (STS.128).
-__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
-template <typename T>
-__device__ __forceinline__ float2 to_float2(uint32_t w) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-  } else {
-    return __half22float2(*reinterpret_cast<const __half2*>(&w));
-  }
-}
-
-__device__ __forceinline__ float amax_of(uint32_t w, bool bf16) {
-  const float2 f = bf16 ? to_float2<__nv_bfloat16>(w) : to_float2<__half>(w);
-  return fmaxf(fabsf(f.x), fabsf(f.y));
-}
-
-// Rescales 8 query elements (one 16-byte chunk in q's dtype) by 2^e into fp16.
-template <typename QT>
-__device__ __forceinline__ uint4 chunk_to_scaled_f16(uint4 v, float scale) {
-  uint4 r;
-  float2 f;
-  f = to_float2<QT>(v.x), r.x = arch::pack2<__half>(f.x * scale, f.y * scale);
-  f = to_float2<QT>(v.y), r.y = arch::pack2<__half>(f.x * scale, f.y * scale);
-  f = to_float2<QT>(v.z), r.z = arch::pack2<__half>(f.x * scale, f.y * scale);
-  f = to_float2<QT>(v.w), r.w = arch::pack2<__half>(f.x * scale, f.y * scale);
-  return r;
-}
-
-template <typename QT>
-__device__ __forceinline__ float chunk_amax(uint4 v) {
-  const bool bf16 = std::is_same_v<QT, __nv_bfloat16>;
-  return fmaxf(fmaxf(amax_of(v.x, bf16), amax_of(v.y, bf16)), fmaxf(amax_of(v.z, bf16), amax_of(v.w, bf16)));
-}
+// Query rows into fp16 range for the fp8 paths (arch/fp8.cuh).
+using arch::amax_of;
+using arch::chunk_amax;
+using arch::chunk_to_scaled_f16;
+using arch::exp2_int;
+using arch::fp16_row_exponent;
+using arch::to_float2;
+using arch::ld_shared_f32x2;
+using arch::st_shared_v4;
 
 __device__ __forceinline__ float warp_max_xor(float v, int from, int to) {
   for (int m = from; m <= to; m <<= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
