@@ -278,6 +278,44 @@ def ref_block_scores(q, k_index, page_table, page_indptr, qo_indptr, kv_lens, qo
     return out
 
 
+# fp8 index keys on sm_90: prefill-shaped block_scores run on fp8 MMAs with the queries rounded to e4m3
+# (src/cuda/indexer/scores_sm90_fp8.cuh); every other path scores the exact queries.
+
+def round_e4m3(x) -> np.ndarray:
+    """Values rounded to float8 e4m3 (nearest even, subnormals included; |x| <= 464), as float64."""
+    x = np.asarray(x, np.float64)
+    _, e = np.frexp(np.abs(x))
+    quantum = np.ldexp(1.0, np.maximum(e - 1, -6) - 3)
+    return np.round(x / quantum) * quantum
+
+
+def fp8_mma_queries(q) -> np.ndarray:
+    """float64 copy of q [..., D] as the fp8-MMA index-score kernel multiplies it, in its fp32 arithmetic: per
+    row, scale = 448 / max(amax, 2^-100) (correctly rounded), the products q * scale rounded to e4m3 (nearest
+    even), times the inverse scale max(amax, 2^-100) * (1 / 448). The division must be the correctly rounded
+    one (torch's `448.0 / t` is t.reciprocal() * 448, which differs in the last bit for ~20% of rows): bf16
+    and fp16 rows put elements exactly on e4m3 rounding ties (~25% of unit-normal bf16 rows hold one), where
+    one ulp of the scale moves the element by a whole e4m3 step and a score by up to ~1.5."""
+    q = np.asarray(q, np.float32)
+    amax = np.maximum(np.abs(q).max(axis=-1, keepdims=True), np.float32(2.0 ** -100))
+    scaled = q * (np.float32(448.0) / amax)  # float32 division and product, as on the device
+    inverse = amax * np.float32(1.0 / 448.0)
+    return round_e4m3(scaled) * inverse.astype(np.float64)
+
+
+# |got - ref| <= atol + rtol |ref| between the fp8-MMA kernel and ref_block_scores over fp8_mma_queries: the
+# tensor core's fp32 accumulation of e4m3 products, errors of ~1e-3 on unit-variance scores of ~30.
+FP8_MMA_TOL = dict(rtol=2e-3, atol=2e-2)
+
+
+def fp8_mma_scores(total_q, batch_size, num_heads, num_k_heads, capability, env) -> bool:
+    """Whether CUDA block_scores with fp8 keys runs the fp8-MMA kernel (src/cuda/indexer/dispatch.cu):
+    prefill-shaped calls (total_q = q.shape[0] > 4 x batch) on sm_90 with head groups of at most 256, unless
+    env (a mapping like os.environ) sets MSA_INDEXER_PREFILL=portable, the exact path."""
+    return (tuple(capability) == (9, 0) and total_q > 4 * batch_size and num_heads // num_k_heads <= 256
+            and env.get("MSA_INDEXER_PREFILL", "auto") != "portable")
+
+
 def ref_select_topk(scores_thk, qo_indptr, kv_lens, topk, qo_offset=None, force_begin=0, force_end=1,
                     causal=True):
     """int32 [T, H, topk] per contract §4 (ascending, -1 tail, NaN lowest, ties to the lower block)."""

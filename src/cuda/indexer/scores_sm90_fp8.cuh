@@ -4,10 +4,11 @@
 // The sibling of scores_sm90.cuh: the same work items (token tile, range of kSm90RangeBlocks blocks,
 // index-K head), the same 256-row CTA of 4 consumer warpgroups and one producer warp, the same -inf fill
 // and row-max epilogue. What differs:
-// - Queries are quantized to e4m3 once per work item: each row is scaled so that its amax maps to 448
-//   (the largest e4m3 value), rounded to nearest even, stored 128-byte swizzled like the keys; the row's
-//   inverse scale multiplies its block maxima. A key row is 128 bytes, one TMA box row (key_map.h's
-//   16-bit pseudo-elements) and one swizzle row, so a block is 4 wgmma m64n128k32 (8 for bf16).
+// - Queries are quantized to e4m3 once per work item: each row times 448 / amax (448 the largest e4m3
+//   value; the fp32 quotient and products correctly rounded), rounded to nearest even, stored 128-byte
+//   swizzled like the keys; the row's inverse scale amax * (1 / 448) multiplies its block maxima. A key
+//   row is 128 bytes, one TMA box row (key_map.h's 16-bit pseudo-elements) and one swizzle row, so a
+//   block is 4 wgmma m64n128k32 (8 for bf16).
 // - A stage holds a block's keys and its 128 per-token scales (TMA box + one bulk copy per box, or the
 //   cp.async gather's 4-byte copies). The epilogue multiplies each accumulator column by its key's scale
 //   before the max (the scales differ per key, so they cannot follow the max as the query's does).
@@ -228,9 +229,13 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_fp8_kernel(const 
 #pragma unroll
     for (int u = 0; u < 8; ++u) amax = fmaxf(amax, chunk_amax<QT>(v[u]));
     amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
-    // amax -> 448; rows below 2^-100 (zero rows included) keep a finite scale.
+    // amax -> 448; rows below 2^-100 (zero rows included) keep a finite scale. The quotient is correctly
+    // rounded whatever the build's division flags, so that a model (tests/python/msa_testing.py,
+    // fp8_mma_queries) can reproduce it: bf16 rows put ~0.5% of their elements (a quarter of unit-normal
+    // rows hold one) exactly on an e4m3 rounding tie, where one ulp of the scale moves the element a whole
+    // e4m3 step and a block score by up to ~1.5.
     const float amax_c = fmaxf(amax, 0x1p-100f);
-    const float scale = 448.f / amax_c;
+    const float scale = __fdiv_rn(448.f, amax_c);
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       uint32_t w[4];

@@ -15,7 +15,9 @@ over a poisoned storage (permuted memory orders, padded axes): unwritten output 
   spare pages; decode batches (1-4 tokens per request, contexts up to ~6000, lengths around multiples of
   128, empty requests) and prefill chunks (up to 300 tokens after prefixes); causal or not, explicit
   qo_offset with keys after the chunk, non-causal rows that see no key; HKT / THK scores in any memory
-  order, wider max_blocks, q rows past qo_indptr, strided q; the kernel-choice environment knobs.
+  order, wider max_blocks, q rows past qo_indptr, strided q; the kernel-choice environment knobs. fp8 keys
+  on sm_90's fp8-MMA prefill kernel (mt.fp8_mma_scores) are compared with the reference over its
+  e4m3-rounded queries (mt.fp8_mma_queries) at mt.FP8_MMA_TOL, every other path exactly.
 - select_topk: 1-16 heads, topk 1-64 (up to 100 on the CPU), forced blocks (M3's own block, force_begin,
   both, all slots forced); rows of 1 to ~2600 valid blocks (every keys-per-lane capacity and the
   shared-memory path past 2048), the decode form (uniform or ragged batches of 1-4 tokens, empty
@@ -42,6 +44,7 @@ inputs, draws of its own: 20 seeds per op) and test_gpu_op (marked gpu: torch CU
         tests/python/fuzz/test_gpu_fuzz_ops.py                       # a longer soak over other seeds
 """
 import math
+import os
 
 import numpy as np
 import pytest
@@ -379,11 +382,24 @@ def run_block_scores(fw, case, data, dtype=None, k_dtype=None):
     return got[:n]
 
 
-def check_block_scores(case, data, got):
+def _on_fp8_mma(case, prob):
+    """Whether the CUDA call of the case (its environment set) runs the fp8-MMA kernel."""
+    import torch
+
+    return case["k_dtype"] == "fp8" and mt.fp8_mma_scores(
+        prob.q.shape[0] + case["extra_q_rows"], len(prob.kv_lens), case["num_heads"], case["num_k_heads"],
+        torch.cuda.get_device_capability(), os.environ)
+
+
+def check_block_scores(case, data, got, gpu=False):
     """test_gpu_indexer.assert_scores_equal against ref_block_scores: no NaN (unwritten), the same -inf
-    pattern, rtol 1e-4 / atol 1e-3 elsewhere."""
+    pattern, rtol 1e-4 / atol 1e-3 elsewhere (on the fp8-MMA kernel: over its e4m3-rounded queries, at
+    mt.FP8_MMA_TOL)."""
     prob = data["prob"]
-    ref = mt.ref_block_scores(prob.q, data["k_values"], prob.page_table, prob.page_indptr, prob.qo_indptr,
+    q, tol = prob.q, dict(rtol=1e-4, atol=1e-3)
+    if gpu and _on_fp8_mma(case, prob):
+        q, tol = mt.fp8_mma_queries(prob.q), mt.FP8_MMA_TOL
+    ref = mt.ref_block_scores(q, data["k_values"], prob.page_table, prob.page_indptr, prob.qo_indptr,
                               prob.kv_lens, qo_offset=prob.qo_offset, causal=case["causal"], max_blocks=data["nb"],
                               k_scale=data["k_scale"])
 
@@ -395,7 +411,7 @@ def check_block_scores(case, data, got):
         assert not bad.any(), (f"-inf pattern (blocks without visible keys) differs at [t, h, block] "
                                f"{np.argwhere(bad)[:5].tolist()}")
         fin = ~np.isneginf(ref)
-        np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(got[fin], ref[fin], **tol)
 
     _checked(case, compare)
 
@@ -873,7 +889,7 @@ VALID = {"block_scores": _block_scores_valid, "select_topk": _select_topk_valid,
 def check(case, data, got, gpu):
     op = case["op"]
     if op == "block_scores":
-        check_block_scores(case, data, got)
+        check_block_scores(case, data, got, gpu)
     elif op == "select_topk":
         check_select_topk(case, data, got)
     elif op == "merge_states":

@@ -2,12 +2,15 @@
 backend: every kernel family (decode: sm_90a TMA ring and streaming; prefill: sm_90a wgmma with a TMA or
 cp.async producer, portable mma.sync with fp8 keys), both score layouts, both index layouts, paged and
 strided caches, page ids outside the pool, NaN-poisoned outputs, the decode and prefill forms of the
-top-k, and CUDA graph replay with lengths rewritten in place.
+top-k, and CUDA graph replay with lengths rewritten in place. Scores with fp8 keys are exact except on the
+sm_90 fp8-MMA prefill kernel (the default there), whose e4m3-rounded queries mt.fp8_mma_queries models
+(fp8_expectation); MSA_INDEXER_PREFILL=portable checks the exact path of the same shapes.
 
 Run on a GPU machine: PYTHONPATH=build/python python3 -m pytest tests/python/gpu/test_gpu_indexer.py -q -s
 (-s shows the printed fp8-vs-bf16 selection agreement).
 """
 import math
+import os
 
 import numpy as np
 import pytest
@@ -70,10 +73,22 @@ def run_scores(prob, t, *, layout="THK", causal=True, max_blocks=None, k=None, k
     return to_thk(out, layout), nb
 
 
-def ref_scores(prob, nb, *, causal=True, k_values=None, k_scale=None):
-    return mt.ref_block_scores(prob.q, prob.k_cache if k_values is None else k_values, prob.page_table,
-                               prob.page_indptr, prob.qo_indptr, prob.kv_lens, qo_offset=prob.qo_offset,
-                               causal=causal, max_blocks=nb, k_scale=k_scale)
+def ref_scores(prob, nb, *, causal=True, k_values=None, k_scale=None, q=None):
+    return mt.ref_block_scores(prob.q if q is None else q, prob.k_cache if k_values is None else k_values,
+                               prob.page_table, prob.page_indptr, prob.qo_indptr, prob.kv_lens,
+                               qo_offset=prob.qo_offset, causal=causal, max_blocks=nb, k_scale=k_scale)
+
+
+def fp8_mma(prob):
+    """Whether block_scores with fp8 keys runs prob on the fp8-MMA kernel here (mt.fp8_mma_scores)."""
+    return mt.fp8_mma_scores(prob.q.shape[0], len(prob.kv_lens), prob.num_qo_heads, prob.num_kv_heads,
+                             torch.cuda.get_device_capability(), os.environ)
+
+
+def fp8_expectation(prob):
+    """(queries, assert_scores_equal tolerance) of the reference for scores with fp8 keys: on the fp8-MMA
+    kernel the e4m3-rounded queries at mt.FP8_MMA_TOL, elsewhere the exact queries at the exact tolerance."""
+    return (mt.fp8_mma_queries(prob.q), mt.FP8_MMA_TOL) if fp8_mma(prob) else (prob.q, {})
 
 
 def assert_scores_equal(got_thk, ref, rtol=1e-4, atol=1e-3):
@@ -136,17 +151,23 @@ def test_block_scores_variants(rng, case, shape):
     assert_scores_equal(got, ref_scores(prob, nb, causal=causal))
 
 
+@pytest.mark.parametrize("path", ["exact", "default"])
 @pytest.mark.parametrize("shape", ["decode_ragged", "mtp", "prefill_prefix", "prefill_batch"])
 @pytest.mark.parametrize("qdtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("layout", ["HKT", "THK"])
-def test_block_scores_fp8_keys(rng, shape, qdtype, layout):
+def test_block_scores_fp8_keys(rng, monkeypatch, layout, qdtype, shape, path):
+    """fp8 keys with per-token scales. exact: MSA_INDEXER_PREFILL=portable, every kernel exact (rtol 1e-4);
+    default: the prefill shapes take the fp8-MMA kernel on sm_90 (fp8_expectation)."""
+    if path == "exact":
+        monkeypatch.setenv("MSA_INDEXER_PREFILL", "portable")
     qo, kv = SHAPES[shape]
     prob = index_problem(rng, qo, kv, page_size=64, dtype=qdtype, slot_major=(shape == "mtp"))
     t = gpu_inputs(prob)
     k8, scale = quantize_fp8(t["k_cache"])
     got, nb = run_scores(prob, t, layout=layout, k=k8, k_scale=scale)
     k_values = k8.float().cpu().numpy()
-    assert_scores_equal(got, ref_scores(prob, nb, k_values=k_values, k_scale=scale.cpu().numpy()))
+    q, tol = fp8_expectation(prob)
+    assert_scores_equal(got, ref_scores(prob, nb, q=q, k_values=k_values, k_scale=scale.cpu().numpy()), **tol)
 
 
 # How the same shapes reach the other kernel of each family (the defaults are the TMA ring for decode and
@@ -170,14 +191,16 @@ def test_block_scores_kernel_switches(rng, monkeypatch, switch, shape, kdtype):
     qo, kv = SHAPES[shape]
     prob = index_problem(rng, qo, kv, page_size=page_size or (64 if shape == "mtp" else 128))
     t = gpu_inputs(prob)
+    tol = {}
     if kdtype == "fp8":
         k8, scale = quantize_fp8(t["k_cache"])
         got, nb = run_scores(prob, t, layout="HKT", k=k8, k_scale=scale)
-        want = ref_scores(prob, nb, k_values=k8.float().cpu().numpy(), k_scale=scale.cpu().numpy())
+        q, tol = fp8_expectation(prob)
+        want = ref_scores(prob, nb, q=q, k_values=k8.float().cpu().numpy(), k_scale=scale.cpu().numpy())
     else:
         got, nb = run_scores(prob, t, layout="HKT")
         want = ref_scores(prob, nb)
-    assert_scores_equal(got, want)
+    assert_scores_equal(got, want, **tol)
 
 
 @pytest.mark.parametrize("page_size", [32, 48, 64, 128, 256])
@@ -203,17 +226,18 @@ def test_block_scores_pages_outside_pool(rng, monkeypatch, switch, kdtype, shape
     zero = np.zeros((1,) + prob.k_cache.shape[1:], prob.k_cache.dtype)
     k_ref = np.concatenate([np.asarray(prob.k_cache, np.float64), zero])
     ref_table = np.where((table < 0) | (table >= num_pages), num_pages, table).astype(np.int32)
-    k_scale = None
+    k_scale, q, tol = None, prob.q, {}
     if kdtype == "fp8":
         k8, scale = quantize_fp8(t["k_cache"])
         k_ref = np.concatenate([k8.float().cpu().numpy(), zero])
         k_scale = np.concatenate([scale.cpu().numpy(), np.ones((1,) + tuple(scale.shape[1:]), np.float32)])
         got, nb = run_scores(prob, t, layout="THK", k=k8, k_scale=scale)
+        q, tol = fp8_expectation(prob)
     else:
         got, nb = run_scores(prob, t, layout="THK")
-    want = mt.ref_block_scores(prob.q, k_ref, ref_table, prob.page_indptr, prob.qo_indptr, prob.kv_lens,
+    want = mt.ref_block_scores(q, k_ref, ref_table, prob.page_indptr, prob.qo_indptr, prob.kv_lens,
                                qo_offset=prob.qo_offset, max_blocks=nb, k_scale=k_scale)
-    assert_scores_equal(got, want)
+    assert_scores_equal(got, want, **tol)
 
 
 def test_block_scores_portable_prefill_bf16(rng, monkeypatch):
@@ -225,13 +249,14 @@ def test_block_scores_portable_prefill_bf16(rng, monkeypatch):
         assert_scores_equal(got, ref_scores(prob, nb))
 
 
-def cpu_scores(prob, t, nb, layout, k=None, k_scale=None):
-    """The CPU backend on the same values: fp32 copies of the device tensors (strides kept); fp8 keys
+def cpu_scores(prob, t, nb, layout, k=None, k_scale=None, q=None):
+    """The CPU backend on the same values: fp32 copies of the device tensors (strides kept) or of q; fp8 keys
     dequantized (k * scale in fp32)."""
     kk = (t["k_cache"] if k is None else k).float()
     if k_scale is not None:
         kk = kk * k_scale[..., None]
-    s = msa.block_scores(t["q"].float().cpu().numpy(), kk.cpu().numpy(), prob.page_table, prob.qo_indptr,
+    qq = t["q"].float().cpu().numpy() if q is None else np.asarray(q, np.float32)
+    s = msa.block_scores(qq, kk.cpu().numpy(), prob.page_table, prob.qo_indptr,
                          prob.kv_lens, qo_offset=prob.qo_offset, page_indptr=prob.page_indptr, max_blocks=nb,
                          layout=layout)
     return to_thk(s, layout).astype(np.float64)
@@ -239,8 +264,9 @@ def cpu_scores(prob, t, nb, layout, k=None, k_scale=None):
 
 @pytest.mark.parametrize("layout", ["HKT", "THK"])
 @pytest.mark.parametrize("case", ["prefill_two_ranges", "prefill_batch_long", "decode_long", "fp8_prefill_long"])
-def test_block_scores_long_vs_cpu(rng, case, layout):
-    """Multiple block ranges per token tile, tails of -inf, long decode rows: against the CPU backend."""
+def test_block_scores_long_vs_cpu(rng, monkeypatch, case, layout):
+    """Multiple block ranges per token tile, tails of -inf, long decode rows: against the CPU backend (fp8 keys
+    on the fp8-MMA kernel: the CPU backend on its e4m3-rounded queries, then the exact path exactly)."""
     if case == "prefill_two_ranges":
         qo, kv = [300], [17000]
     elif case == "prefill_batch_long":
@@ -254,6 +280,11 @@ def test_block_scores_long_vs_cpu(rng, case, layout):
     nb = math.ceil(max(kv) / 128) + 1
     k, ks = quantize_fp8(t["k_cache"]) if case.startswith("fp8") else (None, None)
     got, _ = run_scores(prob, t, layout=layout, max_blocks=nb, k=k, k_scale=ks)
+    if k is not None and fp8_mma(prob):
+        q, tol = fp8_expectation(prob)
+        assert_scores_equal(got, cpu_scores(prob, t, nb, "THK", k=k, k_scale=ks, q=q), **tol)
+        monkeypatch.setenv("MSA_INDEXER_PREFILL", "portable")
+        got, _ = run_scores(prob, t, layout=layout, max_blocks=nb, k=k, k_scale=ks)
     assert_scores_equal(got, cpu_scores(prob, t, nb, "THK", k=k, k_scale=ks))
 
 
