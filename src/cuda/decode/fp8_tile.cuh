@@ -37,27 +37,42 @@ __host__ __device__ constexpr int fp8_stages(int stages16) { return 2 * (stages1
 template <typename T, typename KV>
 using PvType = std::conditional_t<kIsFp8<KV>, __half, T>;
 
-// Converts ROWS staged fp8 rows at `src` (D bytes each, row-major) into 16-bit rows of U at `dst` (2 D bytes,
-// swizzled). Every thread of the CTA takes part; the caller orders it between barriers (the rows landed; the
-// previous tile's reads of `dst` are done) and before the MMAs that read `dst` (a barrier after).
-template <typename U, int D, int ROWS, int THREADS>
-__device__ __forceinline__ void convert_fp8_rows(uint32_t src, uint32_t dst, int tid) {
-  constexpr int kRowChunks = D / 16;  // 16-byte fp8 chunks per row
+// ROWS staged fp8 rows (D bytes each, row-major) -> 16-bit rows of U (2 D bytes, swizzled), by the whole CTA
+// in two halves: load_fp8_rows reads this thread's chunks into registers, store_fp8_rows_as converts and
+// stores them. Split so that a caller can issue the loads early (shared-memory accesses are volatile asm:
+// the compiler keeps them in program order, so a load after a store waits for it). The caller orders both
+// between barriers (the rows landed; the previous reads of `dst` are done) and the stores before the MMAs
+// that read `dst` (a barrier between).
+template <int D, int ROWS, int THREADS>
+struct Fp8Rows {
+  static constexpr int kRowChunks = D / 16;  // 16-byte fp8 chunks per row
+  static constexpr int kPasses = ROWS * kRowChunks / THREADS;
   static_assert((ROWS * kRowChunks) % THREADS == 0, "whole passes");
+  uint4 raw[kPasses];
+};
+
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_fp8_rows(uint32_t src, int tid, Fp8Rows<D, ROWS, THREADS>& r) {
+#pragma unroll
+  for (int pass = 0; pass < r.kPasses; ++pass) r.raw[pass] = arch::ld_shared_v4(src + (pass * THREADS + tid) * 16);
+}
+
+template <typename U, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void store_fp8_rows_as(uint32_t dst, int tid, const Fp8Rows<D, ROWS, THREADS>& r) {
   constexpr uint32_t kRowBytes = D * 2;
 #pragma unroll
-  for (int pass = 0; pass < ROWS * kRowChunks / THREADS; ++pass) {
+  for (int pass = 0; pass < r.kPasses; ++pass) {
     const int i = pass * THREADS + tid;
-    const int r = i / kRowChunks, f = i % kRowChunks;
+    const int row = i / r.kRowChunks, f = i % r.kRowChunks;
     uint4 lo, hi;  // 16-bit chunks 2f and 2f + 1
-    arch::e4m3x16_to<U>(arch::ld_shared_v4(src + i * 16), lo, hi);
+    arch::e4m3x16_to<U>(r.raw[pass], lo, hi);
     // Chunk 2f (f % 8 < 4) or 2f + 1 (f % 8 >= 4) first: the 8 threads of a store phase then hit 8
     // distinct 16-byte bank groups (chunks 2f of f = 0..7 would pair up across the two 128-byte halves).
     const bool odd_first = (f & 4) != 0;
     const int c0 = 2 * f + (odd_first ? 1 : 0), c1 = c0 ^ 1;
-    const uint32_t row = dst + r * kRowBytes;
-    arch::st_shared_v4(row + 128 * (c0 >> 3) + (((c0 & 7) ^ (r & 7)) << 4), odd_first ? hi : lo);
-    arch::st_shared_v4(row + 128 * (c1 >> 3) + (((c1 & 7) ^ (r & 7)) << 4), odd_first ? lo : hi);
+    const uint32_t at = dst + row * kRowBytes;
+    arch::st_shared_v4(at + 128 * (c0 >> 3) + (((c0 & 7) ^ (row & 7)) << 4), odd_first ? hi : lo);
+    arch::st_shared_v4(at + 128 * (c1 >> 3) + (((c1 & 7) ^ (row & 7)) << 4), odd_first ? lo : hi);
   }
 }
 
@@ -110,18 +125,19 @@ __device__ __forceinline__ void q_fragments_dim_permuted(uint32_t s_q, int lane,
   }
 }
 
-// The 8 k-steps' B fragments of one key row: the fp8 row at `row` (128 bytes, chunks swizzled by r7 = row % 8),
-// dims [32t, 32t + 32), as fp16 (each value the e4m3 value / arch::e4m3_f16_unscale()).
-__device__ __forceinline__ void k_fragments_fp8(uint32_t row, int t, int r7, uint32_t (&b)[8][2]) {
-  const uint4 c0 = arch::ld_shared_v4(row + (((2 * t) ^ r7) << 4));
-  const uint4 c1 = arch::ld_shared_v4(row + (((2 * t + 1) ^ r7) << 4));
-  const uint32_t w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    const uint2 h = arch::e4m3x4_to_f16x4_raw(w[kk]);
-    b[kk][0] = h.x;
-    b[kk][1] = h.y;
-  }
+// One key row's fp8 bytes for k_fragment_fp8: the row at `row` (128 bytes, chunks swizzled by r7 = row % 8),
+// dims [32t, 32t + 32) as two 16-byte loads.
+struct KRowFp8 {
+  uint4 c[2];
+};
+__device__ __forceinline__ KRowFp8 load_k_row_fp8(uint32_t row, int t, int r7) {
+  return {{arch::ld_shared_v4(row + (((2 * t) ^ r7) << 4)), arch::ld_shared_v4(row + (((2 * t + 1) ^ r7) << 4))}};
+}
+// k-step kk's B fragment (b0, b1) of such a row, in fp16 (each value the e4m3 value / arch::e4m3_f16_unscale()).
+__device__ __forceinline__ uint2 k_fragment_fp8(const KRowFp8& k, int kk) {
+  const uint4& c = k.c[kk >> 2];
+  const int w = kk & 3;
+  return arch::e4m3x4_to_f16x4_raw(w == 0 ? c.x : w == 1 ? c.y : w == 2 ? c.z : c.w);
 }
 
 }  // namespace msa::detail::cuda::decode

@@ -410,8 +410,11 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     if (tid < kKeys) ahead = fetch_begin(x + NS);
     if constexpr (kF8) {  // tile x into the 16-bit tile every warp then reads (the previous one's reads are done)
       const uint32_t k8 = stages + stage * kLoadStageBytes;
-      convert_fp8_rows<T, D, kKeys, kThreads>(k8, conv, tid);
-      convert_fp8_rows<__half, D, kKeys, kThreads>(k8 + kKeys * kLoadRowBytes, conv + kKeys * kRowBytes, tid);
+      Fp8Rows<D, kKeys, kThreads> kr8, vr8;
+      load_fp8_rows(k8, tid, kr8);
+      load_fp8_rows(k8 + kKeys * kLoadRowBytes, tid, vr8);
+      store_fp8_rows_as<T>(conv, tid, kr8);
+      store_fp8_rows_as<__half>(conv + kKeys * kRowBytes, tid, vr8);
       __syncthreads();
     }
 

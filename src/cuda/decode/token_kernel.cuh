@@ -372,8 +372,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // ---- 3. K/V tiles through a cp.async ring of kStages stages -----------------------------------------
   // Thread (row r0 + 16i, chunks t8 and t8 + 8; fp8: chunk t8 of a 128-byte row): each instruction moves
   // 128 contiguous bytes of a row; rows past the tile's visible keys are zero-filled (nothing read), so
-  // P = 0 meets V = 0 there. 16-bit rows land swizzled, fp8 K rows too (for k_fragments_fp8), fp8 V rows as
-  // they are (for convert_fp8_rows).
+  // P = 0 meets V = 0 there. 16-bit rows land swizzled, fp8 K rows too (for load_k_row_fp8), fp8 V rows as
+  // they are (for load_fp8_rows).
   const KV* kg = static_cast<const KV*>(p.k.data);
   const KV* vg = static_cast<const KV*>(p.v.data);
   const int r0 = tid >> 3, t8 = tid & 7;
@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   __syncthreads();
   uint32_t qa[D / 16][4];
   float logit_scale[2] = {kp.scale_log2, kp.scale_log2};  // of rows row0 and row0 + 8 (exp2 domain)
-  if constexpr (kF8) {  // fp16 Q in the dim order of k_fragments_fp8 (fp8_tile.cuh)
+  if constexpr (kF8) {  // fp16 Q in the dim order of k_fragment_fp8 (fp8_tile.cuh)
     float unscale[2];
     q_fragments_dim_permuted<T>(s_q, lane, qa, unscale);
 #pragma unroll
@@ -472,11 +472,6 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
     const uint32_t ks = s_stages + stage * kLoadStageBytes;
     const uint32_t vs = kF8 ? s_conv : ks + kTileBytes;
-    if constexpr (kF8) {
-      // V of tile x into fp16 (the previous tile's P V reads are done: the barrier above); the softmax's
-      // first barrier below orders these stores before this tile's P V.
-      convert_fp8_rows<__half, D, kTokenTileKeys, kTokenThreads>(ks + kTokenTileKeys * kLoadRowBytes, s_conv, tid);
-    }
     stage = stage == kStages - 1 ? 0 : stage + 1;
     const int visible = tiles[x].visible;
     if (x < 8) MSA_TRACE_MARK(4 + x, visible);  // tile x landed
@@ -485,14 +480,21 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
     if constexpr (kF8) {
+      // Shared loads first (they keep program order): this thread's two K rows, then its V chunks; the
+      // K MMAs; then V converted to fp16 while they run (the previous tile's P V reads of s_conv are done:
+      // the barrier above; the softmax's first barrier below orders these stores before this tile's P V).
+      const int kr = warp * 16 + row0;  // this thread's key rows: kr (n-tile 0) and kr + 8 (n-tile 1)
+      const KRowFp8 k0 = load_k_row_fp8(ks + kr * kLoadRowBytes, lane & 3, kr & 7);
+      const KRowFp8 k1 = load_k_row_fp8(ks + (kr + 8) * kLoadRowBytes, lane & 3, kr & 7);
+      Fp8Rows<D, kTokenTileKeys, kTokenThreads> v8;
+      load_fp8_rows(ks + kTokenTileKeys * kLoadRowBytes, tid, v8);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const int kr = warp * 16 + n * 8 + row0;  // this thread's key row of n-tile n
-        uint32_t bk[D / 16][2];
-        k_fragments_fp8(ks + kr * kLoadRowBytes, lane & 3, kr & 7, bk);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) arch::mma_m16n8k16<__half>(s[n], qa[kk], bk[kk][0], bk[kk][1]);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint2 b0 = k_fragment_fp8(k0, kk), b1 = k_fragment_fp8(k1, kk);
+        arch::mma_m16n8k16<__half>(s[0], qa[kk], b0.x, b0.y);
+        arch::mma_m16n8k16<__half>(s[1], qa[kk], b1.x, b1.y);
       }
+      store_fp8_rows_as<__half>(s_conv, tid, v8);
     } else {
       const int mi = lane >> 3, kr = warp * 16 + (mi >> 1) * 8 + (lane & 7);
 #pragma unroll
