@@ -25,7 +25,7 @@ namespace msa::detail::cuda::decode {
 constexpr int kBlock = 128;           // tokens per selectable block (the contract's block)
 constexpr int kMaxTileTokens = 64;    // tokens per tile: one bit each in a 64-bit mask per block
 constexpr int kMaxListEntries = 8192; // token x topk entries sorted per tile (decode: <= 8 x topk)
-constexpr int kMaxSplits = 256;       // cap of the split count (workspace, and the last CTA's merge length)
+constexpr int kMaxSplits = 64;        // cap of the split count (workspace, and the last CTA's merge length)
 
 template <int D, int ROWS>
 struct TileConfig {

@@ -404,13 +404,7 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   if (st->fixed_split_blocks > 0) {
     st->cluster_merge = clusters_fit(splits) >= 1;
   } else if (splits > 1) {
-    // A cluster holds at most 16 splits: when that leaves most of a wave idle (dense decode of one or a few
-    // requests at long context: M3-TP4 dense D-B1 is one item, 16 CTAs on 132 SMs), the workspace merge
-    // takes the wave's split count instead.
-    const int64_t slots = static_cast<int64_t>(per_sm) * dev.sm_count;
-    const bool wide = splits > kMaxClusterSplits && items * kMaxClusterSplits * 2 <= slots;
     for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}}) {
-      if (wide) break;
       if (n <= splits && clusters_fit(n) >= items) {
         splits = n;
         st->cluster_merge = true;
