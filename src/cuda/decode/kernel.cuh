@@ -639,12 +639,28 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     }
   }
   if (S == 1) return;
+  int parts = S;  // partials of the item in the workspace
   if (kp.cluster_merge) {
-    merge_splits_in_cluster<D, ROWS, kThreads>(arch::smem_addr(po), arch::smem_addr(plse), S, split, real_row, emit);
-    return;
+    const int cs = kp.cluster_size;
+    if (cs == S) {
+      merge_splits_in_cluster<D, ROWS, kThreads>(arch::smem_addr(po), arch::smem_addr(plse), S, split, real_row, emit);
+      return;
+    }
+    // Two levels: this cluster's merged rows are partial split / cs of the item.
+    parts = S / cs;
+    const int64_t part_row0 = (item * parts + split / cs) * ROWS;
+    const auto emit_part = [&](int r, int c, const float (&acc)[8], float lse) {
+      float* dst = kp.part_o + (part_row0 + r) * D + c * 8;
+      reinterpret_cast<float4*>(dst)[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      reinterpret_cast<float4*>(dst)[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      if (c == 0) kp.part_lse[part_row0 + r] = lse;
+    };
+    merge_splits_in_cluster<D, ROWS, kThreads>(arch::smem_addr(po), arch::smem_addr(plse), cs, split % cs, real_row,
+                                               emit_part);
   }
 
-  // ---- fused split merge through the workspace: the last split of the item to arrive merges ------
+  // ---- fused split merge through the workspace: the last split of the item to arrive merges (all S arrive,
+  // with two levels too) -------------------------------------------------------------------------------
   // Release / acquire by one thread around the arrival counter (the CTA barriers order the other
   // threads' partial writes before it and their reads after it).
   __syncthreads();
@@ -656,8 +672,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   }
   __syncthreads();
   if (!scratch[kScratchIsLast]) return;
-  merge_splits<D, ROWS, kThreads>(kp.part_o + item * S * ROWS * D, kp.part_lse + item * S * ROWS, S, smem, L.ring_off,
-                                  real_row, emit);
+  merge_splits<D, ROWS, kThreads>(kp.part_o + item * parts * ROWS * D, kp.part_lse + item * parts * ROWS, parts, smem,
+                                  L.ring_off, real_row, emit);
   if (tid == 0) kp.counters[item] = 0;  // ready for the next launch (graph replays reuse the plan)
 }
 

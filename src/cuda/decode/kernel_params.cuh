@@ -48,6 +48,10 @@ struct KernelParams {
   // S > 1 on sm_90: the S splits of an item form one thread-block cluster and merge through
   // distributed shared memory (split_merge.cuh); the workspaces below are then unused.
   bool cluster_merge = false;
+  // With cluster_merge: the splits per cluster (S: one level). Below S (two levels: dense decode of few items at
+  // long context, where clusters of at most 16 would leave most SMs idle), each cluster's merged rows go to the
+  // workspace as one of S / cluster_size partials, which the last CTA of the item merges.
+  int32_t cluster_size = 0;
 
   // Workspaces (S > 1): per item (tile, KV head) and split, fp32 o of ROWS rows and their lse, and
   // one arrival counter per item (zero between launches: the last CTA resets it).

@@ -261,6 +261,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.pdl = true;
   st.prewait_prefetch = true;
   st.cluster_merge = splits > 1;
+  st.cluster_size = static_cast<int>(splits);
   return true;
 }
 
@@ -272,7 +273,11 @@ std::string describe(const State& s) {
                                                          " tile_tokens=" + std::to_string(s.tile_tokens);
   out += " splits=" + std::to_string(s.splits);
   if (s.fixed_split_blocks > 0) out += " fixed_split_blocks=" + std::to_string(s.fixed_split_blocks);
-  const char* merge = s.splits <= 1 ? "none" : s.push_merge ? "push" : s.cluster_merge ? "pull" : "workspace";
+  const char* merge = s.splits <= 1              ? "none"
+                      : s.push_merge              ? "push"
+                      : !s.cluster_merge          ? "workspace"
+                      : s.cluster_size < s.splits ? "cluster+workspace"
+                                                  : "pull";
   return out + " merge=" + merge + " stages=" + std::to_string(s.stages);
 }
 
@@ -411,13 +416,29 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
         break;
       }
     }
+    // Two levels where clusters of 16 leave most of the wave idle (dense decode of few items at long context:
+    // M3-TP4 dense D-B1 is one item, 16 CTAs on 132 SMs, 66 us for 33 MB): `parts` clusters of 16 per item,
+    // each merging in distributed shared memory, their results merged through the workspace by the item's
+    // last CTA (a merge of `parts` partials, not of every split: the workspace merge of 64 splits by one CTA
+    // took 121 us at M3-TP1 dense D-B1, 256 splits 362 us at M3-TP4).
+    const int64_t slots = static_cast<int64_t>(per_sm) * dev.sm_count;
+    if (st->cluster_merge && splits == kMaxClusterSplits && items * kMaxClusterSplits * 2 <= slots) {
+      int64_t parts = std::min({slots / (items * kMaxClusterSplits), ceil_div64(n_max, kMaxClusterSplits),
+                                int64_t{kMaxClusterSplits}});
+      while (parts > 1 && (clusters_fit(kMaxClusterSplits) < items * parts ||
+                           merge_min_bytes(static_cast<int>(parts), rows, D) > merge_room))
+        --parts;
+      if (parts > 1) splits = parts * kMaxClusterSplits;
+    }
   }
   st->splits = static_cast<int>(splits);
+  st->cluster_size = st->cluster_merge ? static_cast<int>(std::min<int64_t>(splits, kMaxClusterSplits)) : 0;
   st->spec_qo_len = decode && c.topk > 0 ? max_qo : 0;
   st->pdl = dev.cc >= 90;
   st->prewait_prefetch = decode && st->pdl;
-  if (splits > 1 && !st->cluster_merge) {
-    const size_t rows_total = static_cast<size_t>(items) * splits * rows;
+  if (splits > 1 && (!st->cluster_merge || st->cluster_size < splits)) {
+    const int64_t parts = st->cluster_merge ? splits / st->cluster_size : splits;
+    const size_t rows_total = static_cast<size_t>(items) * parts * rows;
     st->part_o = DeviceBuffer(rows_total * D * sizeof(float));
     st->part_lse = DeviceBuffer(rows_total * sizeof(float));
     st->counters = DeviceBuffer(static_cast<size_t>(items) * sizeof(uint32_t));

@@ -38,13 +38,14 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   const int ps = p.k.page_size;
   kp.page_shift = ps > 0 && (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
   kp.cluster_merge = s.cluster_merge;
+  kp.cluster_size = s.cluster_size;
   kp.prewait_prefetch = s.prewait_prefetch;
   if (kp.prewait_prefetch && p.pages.indptr == nullptr && ps > 0) {
     const int64_t pages = std::min(p.pages.row_capacity, (p.max_kv_len + ps - 1) / ps);
     kp.prefetch_page_entries = static_cast<int32_t>(std::clamp<int64_t>(pages, 0, kPrefetchPageEntries));
   }
   bool pdl = s.pdl;
-  if (s.splits > 1 && !s.cluster_merge) {
+  if (s.splits > 1 && (!s.cluster_merge || s.cluster_size < s.splits)) {  // a workspace merge
     kp.part_o = s.part_o.as<float>();
     kp.part_lse = s.part_lse.as<float>();
     kp.counters = s.counters.as<uint32_t>();
@@ -65,11 +66,11 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
     attrs[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[num_attrs++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (s.cluster_merge) {  // the splits of an item form one cluster (split_merge.cuh)
+  if (s.cluster_merge) {  // the splits of an item form clusters of cluster_size (split_merge.cuh)
     attrs[num_attrs].id = cudaLaunchAttributeClusterDimension;
     attrs[num_attrs].val.clusterDim.x = 1;
     attrs[num_attrs].val.clusterDim.y = 1;
-    attrs[num_attrs++].val.clusterDim.z = static_cast<unsigned>(s.splits);
+    attrs[num_attrs++].val.clusterDim.z = static_cast<unsigned>(s.cluster_size);
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(s.num_tiles), static_cast<unsigned>(s.num_kv_heads),
