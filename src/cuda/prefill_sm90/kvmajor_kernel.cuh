@@ -67,19 +67,12 @@ struct alignas(1024) KvMajorSmem {
   KvQInfo qinfo[kKvQStages];
   uint64_t ahead_full, ahead_go;  // scheduler <-> warp 0 hand-over of the next item (32 arrivals each)
   int2 ahead[32];                 // the handed-over item's first Q tile: (token, entry) per lane
-};
-// fp8 K/V: the e4m3 loads complete on kv_land (one arrival + bytes), the converter warps' widening on kv_full
-// (kF8ConvertThreads arrivals).
-struct alignas(1024) KvMajorSmemF8 : KvMajorSmem {
+  // fp8 K/V only: the e4m3 loads complete on kv_land (one arrival + bytes), the converter warps' widening on
+  // kv_full (kF8ConvertThreads arrivals). Last, in the struct's padding: the 16-bit layout and size are unchanged.
   uint64_t kv_land[kKvBlockStages];
 };
-template <bool kF8>
-using KvMajorSmemOf = std::conditional_t<kF8, KvMajorSmemF8, KvMajorSmem>;
-template <bool kF8>
-inline constexpr int kKvMajorSmemBytesOf = static_cast<int>(sizeof(KvMajorSmemOf<kF8>)) + 1024;
-inline constexpr int kKvMajorSmemBytes = kKvMajorSmemBytesOf<false>;
-static_assert(kKvMajorSmemBytesOf<false> <= 227 * 1024, "Hopper allows 227 KiB of shared memory per CTA");
-static_assert(kKvMajorSmemBytesOf<true> <= 227 * 1024, "Hopper allows 227 KiB of shared memory per CTA");
+inline constexpr int kKvMajorSmemBytes = static_cast<int>(sizeof(KvMajorSmem)) + 1024;
+static_assert(kKvMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared memory per CTA");
 
 #ifdef MSA_SM90A_DEVICE
 
@@ -94,7 +87,7 @@ static_assert(kKvMajorSmemBytesOf<true> <= 227 * 1024, "Hopper allows 227 KiB of
 // with its start and count narrowed (a part past the item's count is empty and skipped), so its jobs are
 // the item's own Q tiles and the results do not depend on the split.
 template <bool kF8>
-__device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmemOf<kF8>& s) {
+__device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem& s) {
   const int lane = threadIdx.x & 31;
   const KvLists& L = p.lists;
   const int32_t tile_tokens = kTileRows >> p.group_shift;
@@ -172,7 +165,7 @@ __device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem
 // in place, in the scheduler's order; every converter thread arrives on kv_full after its own stores (on the
 // end record too, which the consumers read).
 template <bool kBf16>
-__device__ __forceinline__ void kv_converter(KvMajorSmemF8& s, int ct) {
+__device__ __forceinline__ void kv_converter(KvMajorSmem& s, int ct) {
   for (uint32_t item_it = 0;; ++item_it) {
     const uint32_t kb = item_it % kKvBlockStages, kph = (item_it / kKvBlockStages) & 1;
     arch::mbarrier_wait(&s.kv_land[kb], kph);
@@ -441,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __gr
   arch::allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024u - (arch::smem_addr(smem_raw) & 1023u)) & 1023u;
-  KvMajorSmemOf<kF8>& s = *reinterpret_cast<KvMajorSmemOf<kF8>*>(smem_raw + pad);
+  KvMajorSmem& s = *reinterpret_cast<KvMajorSmem*>(smem_raw + pad);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kKvQStages; ++i) {
       arch::mbarrier_init(&s.q_full[i], 1);

@@ -80,20 +80,14 @@ struct alignas(1024) QMajorSmem {
   uint64_t ahead_full, ahead_go;  // scheduler -> warp 0: a tile handed over; warp 0 -> scheduler: claim the next
                                   // (32 arrivals each: every lane after its own accesses)
   AheadEntry ahead[32];           // the handed-over tile's first 32 blocks
-};
-// fp8 K/V: the rings of the 16-bit kernel; the e4m3 loads complete on k_land / v_land (one arrival + bytes),
-// the converter warps' widening on k_full / v_full (kF8ConvertThreads arrivals).
-struct alignas(1024) QMajorSmemF8 : QMajorSmem {
+  // fp8 K/V only: the e4m3 loads complete on k_land / v_land (one arrival + bytes), the converter warps'
+  // widening on k_full / v_full (kF8ConvertThreads arrivals). Last, in the struct's padding: the 16-bit
+  // kernels' layout and size are unchanged.
   uint64_t k_land[kStages], v_land[kVStages];
 };
-template <bool kF8>
-using QMajorSmemOf = std::conditional_t<kF8, QMajorSmemF8, QMajorSmem>;
 // + 1 KiB to align the dynamic shared memory base to 1024 B (128B-swizzle atoms).
-template <bool kF8>
-inline constexpr int kQMajorSmemBytesOf = static_cast<int>(sizeof(QMajorSmemOf<kF8>)) + 1024;
-inline constexpr int kQMajorSmemBytes = kQMajorSmemBytesOf<false>;
-static_assert(kQMajorSmemBytesOf<false> <= 227 * 1024, "Hopper allows 227 KiB of shared memory per CTA");
-static_assert(kQMajorSmemBytesOf<true> <= 227 * 1024, "Hopper allows 227 KiB of shared memory per CTA");
+inline constexpr int kQMajorSmemBytes = static_cast<int>(sizeof(QMajorSmem)) + 1024;
+static_assert(kQMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared memory per CTA");
 
 #ifdef MSA_SM90A_DEVICE
 
@@ -200,7 +194,7 @@ __device__ __forceinline__ void qmajor_prewait_prefetch(const QMajorParams& p, i
 }
 
 // fp8: the e4m3 V tile of block `it` (a 16 KiB box at key0 of page pc) into the second half of its V stage.
-__device__ __forceinline__ void qmajor_load_v_e4m3(const QMajorParams& p, QMajorSmemF8& s, uint32_t it, int32_t key0,
+__device__ __forceinline__ void qmajor_load_v_e4m3(const QMajorParams& p, QMajorSmem& s, uint32_t it, int32_t key0,
                                                    int32_t kv_head, int32_t pc) {
   const uint32_t vs = it % kVStages, vph = (it / kVStages) & 1;
   arch::mbarrier_wait(&s.v_empty[vs], vph ^ 1);
@@ -211,7 +205,7 @@ __device__ __forceinline__ void qmajor_load_v_e4m3(const QMajorParams& p, QMajor
 // K/V loads (warp 0 of the producer warpgroup). Lane 0 issues everything; the warp resolves 32 blocks'
 // pages at a time (the first 32 of a tile come resolved from the scheduler).
 template <bool kSparse, bool kF8>
-__device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSmemOf<kF8>& s) {
+__device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSmem& s) {
   const int lane = threadIdx.x & 31;
   if (lane == 0) tma_prefetch_qkv_maps(p);
   uint32_t it = 0;  // blocks issued so far
@@ -313,7 +307,7 @@ __device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSme
 // in place in its order: K(j), then V(j - 1) if still due, and at a tile's last block V(j) too. Every
 // converter thread arrives on k_full / v_full after its own stores.
 template <bool kBf16>
-__device__ __forceinline__ void qmajor_converter(QMajorSmemF8& s, int ct) {
+__device__ __forceinline__ void qmajor_converter(QMajorSmem& s, int ct) {
   const uint32_t k_base = arch::smem_addr(s.k[0]), v_base = arch::smem_addr(s.v[0]);
   uint32_t v_next = 0;  // blocks whose V is widened
   for (uint32_t it = 0;; ++it) {
@@ -569,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
   arch::allow_dependent_launch();
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024u - (arch::smem_addr(smem_raw) & 1023u)) & 1023u;
-  QMajorSmemOf<kF8>& s = *reinterpret_cast<QMajorSmemOf<kF8>*>(smem_raw + pad);
+  QMajorSmem& s = *reinterpret_cast<QMajorSmem*>(smem_raw + pad);
   if (threadIdx.x == 0) {
     // fp8: the converter threads complete k_full / v_full, the TMA loads k_land / v_land.
     constexpr uint32_t kFullArrivals = kF8 ? kF8ConvertThreads : 1;

@@ -10,11 +10,12 @@ namespace msa::detail::cuda::prefill_sm90 {
 
 template <bool kBf16, bool kF8>
 void launch_qmajor(bool sparse, const QMajorParams& p, int grid, bool pdl, cudaStream_t stream) {
-  constexpr int smem = kQMajorSmemBytesOf<kF8>;
   if (sparse)
-    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, true, kF8>, dim3(grid), dim3(kThreads), smem, stream, p);
+    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, true, kF8>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream,
+                  p);
   else
-    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, false, kF8>, dim3(grid), dim3(kThreads), smem, stream, p);
+    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, false, kF8>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream,
+                  p);
 #ifdef MSA_QMAJOR_TRACE
   qmajor_trace_print_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned>(grid));
 #endif
@@ -26,7 +27,7 @@ bool configure_qmajor() {
                            reinterpret_cast<const void*>(qmajor_prefill_kernel<kBf16, true, kF8>)};
   for (const void* k : kernels) {
     if (!kernel_has_sm90a_body(k)) return false;
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kQMajorSmemBytesOf<kF8>));
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kQMajorSmemBytes));
   }
   return true;
 }
