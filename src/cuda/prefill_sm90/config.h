@@ -48,6 +48,19 @@ inline constexpr int kTileBytes = 2 * kHalfTileBytes;     // 32 KiB: 128 rows x 
 inline constexpr int kProducerRegs = 40;
 inline constexpr int kConsumerRegs = 232;
 
+// fp8 K/V (docs/prefill.md, "fp8 K/V"): each e4m3 tile (one TMA box of 128 keys x 128 bytes, 16 KiB) lands in
+// the second half of its 16-bit stage and is widened there, in place, by warps 2-3 of the producer warpgroup
+// (idle in the 16-bit kernels), so the rings and the shared memory are those of the 16-bit kernels. A
+// block-step (~1.9 us, ~3300 cycles at M3) widens K and V of one block, 2048 16-byte chunks: in SASS 150
+// instructions per 4 chunks a thread for bf16 (32 a chunk convert: e4m3 -> f16x2, two f16 -> f32, f32x2 ->
+// bf16x2 a pair), ~1200 issue slots of each converter warp a block-step; 32 per 2 chunks for fp16 (one
+// instruction a pair), ~500.
+inline constexpr int kF8ConvertWarp0 = 2;   // first converter warp of the producer warpgroup
+inline constexpr int kF8ConvertWarps = 2;
+inline constexpr int kF8ConvertThreads = 32 * kF8ConvertWarps;
+inline constexpr int kF8TileBytes = kBlockKeys * kHeadDim;  // 16 KiB: one e4m3 tile
+static_assert(kF8ConvertWarp0 >= 2 && kF8ConvertWarp0 + kF8ConvertWarps <= 4, "warps 0-1 load and schedule");
+
 // Named barriers of the consumer warpgroups (0 is __syncthreads): the V-tail fix of both, and the
 // issue turns of warpgroups 0 and 1 (kIssueBarrier, kIssueBarrier + 1).
 inline constexpr int kVTailBarrier = 1;

@@ -8,6 +8,10 @@
 // K/V into a kKvBlockStages ring, a producer warp gathers their Q tiles into a kKvQStages ring; two
 // consumer warpgroups take 64 rows each and pipeline the Q tiles (see kv_consumer). One block per Q
 // tile, so the softmax is exact.
+//
+// fp8 e4m3 K/V (kF8): the scheduler loads an item's two e4m3 tiles into the second halves of its 16-bit K and
+// V stages, completing on kv_land; warps 2-3 of the producer warpgroup widen them in place (fp8_tiles.cuh)
+// and arrive on kv_full. A block's widening is shared by the item's Q tiles (up to 8 at M3).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,6 +27,7 @@
 #include "cuda/arch/sm90_wgmma.cuh"
 #include "cuda/prefill_sm90/config.h"
 #include "cuda/prefill_sm90/consumer_math.cuh"
+#include "cuda/prefill_sm90/fp8_tiles.cuh"
 #include "cuda/prefill_sm90/params.h"
 #include "cuda/prefill_sm90/tile_common.cuh"
 
@@ -62,6 +67,9 @@ struct alignas(1024) KvMajorSmem {
   KvQInfo qinfo[kKvQStages];
   uint64_t ahead_full, ahead_go;  // scheduler <-> warp 0 hand-over of the next item (32 arrivals each)
   int2 ahead[32];                 // the handed-over item's first Q tile: (token, entry) per lane
+  // fp8 K/V only: the e4m3 loads complete on kv_land (one arrival + bytes), the converter warps' widening on
+  // kv_full (kF8ConvertThreads arrivals). Last, in the struct's padding: the 16-bit layout and size are unchanged.
+  uint64_t kv_land[kKvBlockStages];
 };
 inline constexpr int kKvMajorSmemBytes = static_cast<int>(sizeof(KvMajorSmem)) + 1024;
 static_assert(kKvMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared memory per CTA");
@@ -78,6 +86,7 @@ static_assert(kKvMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared 
 // claimed as `subs` parts of sub_tokens tokens (config.h kKvTailItemsPerSm). A part is the item's record
 // with its start and count narrowed (a part past the item's count is empty and skipped), so its jobs are
 // the item's own Q tiles and the results do not depend on the split.
+template <bool kF8>
 __device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem& s) {
   const int lane = threadIdx.x & 31;
   const KvLists& L = p.lists;
@@ -124,7 +133,17 @@ __device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem
     if (lane == 0) {
       arch::mbarrier_wait(&s.kv_empty[kb], kph ^ 1);
       s.item[kb] = info;
-      if (info.item >= 0) {
+      if constexpr (kF8) {  // the e4m3 tiles into the stages' second halves; the end record for the converters
+        if (info.item >= 0) {
+          const int32_t key0 = (info.block % p.page_blocks) * kBlockKeys;
+          const int32_t pc = page >= 0 ? page : 0;
+          arch::mbarrier_arrive_expect_tx(&s.kv_land[kb], 2 * kF8TileBytes);
+          arch::tma_load_4d(s.k[kb] + kHalfTileBytes, &p.k_map, 0, key0, info.kv_head, pc, &s.kv_land[kb]);
+          arch::tma_load_4d(s.v[kb] + kHalfTileBytes, &p.v_map, 0, key0, info.kv_head, pc, &s.kv_land[kb]);
+        } else {
+          arch::mbarrier_arrive(&s.kv_land[kb]);
+        }
+      } else if (info.item >= 0) {
         const int32_t key0 = (info.block % p.page_blocks) * kBlockKeys;
         const int32_t pc = page >= 0 ? page : 0;  // no page: load page 0, the consumers mask it all
         arch::mbarrier_arrive_expect_tx(&s.kv_full[kb], 2 * kTileBytes);
@@ -139,6 +158,24 @@ __device__ __forceinline__ void kv_scheduler(const KvMajorParams& p, KvMajorSmem
     s.ahead[lane] = pr;
     arch::mbarrier_arrive(&s.ahead_full);  // each lane after its own writes (32 arrivals)
     if (info.item < 0) break;
+  }
+}
+
+// fp8 (warps 2-3 of the producer warpgroup, ct = 0 .. kF8ConvertThreads - 1): each item's K and V tiles widened
+// in place, in the scheduler's order; every converter thread arrives on kv_full after its own stores (on the
+// end record too, which the consumers read).
+template <bool kBf16>
+__device__ __forceinline__ void kv_converter(KvMajorSmem& s, int ct) {
+  for (uint32_t item_it = 0;; ++item_it) {
+    const uint32_t kb = item_it % kKvBlockStages, kph = (item_it / kKvBlockStages) & 1;
+    arch::mbarrier_wait(&s.kv_land[kb], kph);
+    const bool end = s.item[kb].item < 0;
+    if (!end) {
+      widen_e4m3_tile<Element<kBf16>>(arch::smem_addr(s.k[kb]), ct);
+      widen_e4m3_tile<Element<kBf16>>(arch::smem_addr(s.v[kb]), ct);
+    }
+    arch::mbarrier_arrive(&s.kv_full[kb]);
+    if (end) break;
   }
 }
 
@@ -389,7 +426,8 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
 
 #endif  // MSA_SM90A_DEVICE
 
-template <bool kBf16>
+// kF8: K and V are fp8 e4m3 (one TMA box of 128 keys x 128 bytes a block), widened to kBf16's type.
+template <bool kBf16, bool kF8 = false>
 __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __grid_constant__ KvMajorParams p) {
 #ifdef MSA_SM90A_DEVICE
   arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
@@ -403,8 +441,9 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __gr
       arch::mbarrier_init(&s.q_empty[i], kConsumerThreads);
     }
     for (int i = 0; i < kKvBlockStages; ++i) {
-      arch::mbarrier_init(&s.kv_full[i], 1);
+      arch::mbarrier_init(&s.kv_full[i], kF8 ? kF8ConvertThreads : 1);
       arch::mbarrier_init(&s.kv_empty[i], kConsumerThreads);
+      if constexpr (kF8) arch::mbarrier_init(&s.kv_land[i], 1);
     }
     arch::mbarrier_init(&s.ahead_full, 32);
     arch::mbarrier_init(&s.ahead_go, 32);
@@ -415,7 +454,8 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_prefill_kernel(const __gr
   if (wg == 0) {
     arch::regs_decrease<kProducerRegs>();
     if (threadIdx.x < 32) kv_producer(p, s);
-    else if (threadIdx.x < 64) kv_scheduler(p, s);
+    else if (threadIdx.x < 64) kv_scheduler<kF8>(p, s);
+    else if constexpr (kF8) kv_converter<kBf16>(s, threadIdx.x - 32 * kF8ConvertWarp0);
   } else {
     arch::regs_increase<kConsumerRegs>();
     kv_consumer<kBf16>(p, s, wg - 1);

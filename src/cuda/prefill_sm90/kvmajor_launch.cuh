@@ -8,14 +8,14 @@
 
 namespace msa::detail::cuda::prefill_sm90 {
 
-template <bool kBf16>
+template <bool kBf16, bool kF8>
 void launch_kvmajor(const KvMajorParams& p, int grid, bool pdl, cudaStream_t stream) {
-  launch_kernel(pdl, kvmajor_prefill_kernel<kBf16>, dim3(grid), dim3(kThreads), kKvMajorSmemBytes, stream, p);
+  launch_kernel(pdl, kvmajor_prefill_kernel<kBf16, kF8>, dim3(grid), dim3(kThreads), kKvMajorSmemBytes, stream, p);
 }
 
-template <bool kBf16>
+template <bool kBf16, bool kF8>
 bool configure_kvmajor() {
-  const void* k = reinterpret_cast<const void*>(kvmajor_prefill_kernel<kBf16>);
+  const void* k = reinterpret_cast<const void*>(kvmajor_prefill_kernel<kBf16, kF8>);
   if (!kernel_has_sm90a_body(k)) return false;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kKvMajorSmemBytes));
   return true;

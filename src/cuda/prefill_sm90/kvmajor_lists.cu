@@ -427,7 +427,7 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
         }
       }
     }
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    const float inv = wsum > 0.f ? (1.f / wsum) * p.v_scale : 0.f;
     const int64_t tok = static_cast<int64_t>(v.qo_start) + qi;
     const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head;
     // o's strides are multiples of 8 elements and its pointer 16-byte aligned (sm90 supports()).

@@ -44,6 +44,7 @@ struct KvMergeParams {
   int64_t o_stride_token = 0, o_stride_head = 0;
   float* lse = nullptr;
   int64_t lse_stride_token = 0, lse_stride_head = 0;
+  float v_scale = 1.f;  // multiplies o, once, here: the partials are unscaled
 };
 
 // o / lse of every token of the window's KV-major tiles from its slots' partials (a slot without a

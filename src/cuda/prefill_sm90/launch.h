@@ -18,19 +18,22 @@
 
 namespace msa::detail::cuda::prefill_sm90 {
 
+// kBf16: q, o (and K/V unless kF8) are bf16, else fp16. kF8: K/V are fp8 e4m3 (one TMA box of 128 keys x 128
+// bytes a block), widened in shared memory to q's type.
+
 // Query-major prefill kernel (dense or sparse); grid = persistent CTAs (<= SM count).
-template <bool kBf16>
+template <bool kBf16, bool kF8 = false>
 void launch_qmajor(bool sparse, const QMajorParams& p, int grid, bool pdl, cudaStream_t stream);
 
 // KV-major sparse kernel over one window's work items; grid = persistent CTAs.
-template <bool kBf16>
+template <bool kBf16, bool kF8 = false>
 void launch_kvmajor(const KvMajorParams& p, int grid, bool pdl, cudaStream_t stream);
 
 // Raise the dynamic shared-memory limit of the kernels of this dtype on the current device; false
 // when this binary holds no sm_90a code for them (they would not run here).
-template <bool kBf16>
+template <bool kBf16, bool kF8 = false>
 bool configure_qmajor();
-template <bool kBf16>
+template <bool kBf16, bool kF8 = false>
 bool configure_kvmajor();
 
 // A kernel compiled without sm_90a features has an empty body and a handful of registers; the real

@@ -35,6 +35,7 @@ struct TileBlockLists {
 struct QMajorParams {
   CUtensorMap q_map;  // [total_q, Hq, D] as {D, Hq, total_q}; box {64, G, tile_tokens}
   CUtensorMap k_map;  // [pages, Hkv, P, D] as {D, P, Hkv, pages}; box {64, 128, 1, 1}
+                      // (fp8: 16-bit pseudo-elements {D / 2, ...}, one box a block)
   CUtensorMap v_map;
   SeqParams seqs;
   PageTableParams pages;
@@ -49,6 +50,7 @@ struct QMajorParams {
   int64_t o_stride_token = 0, o_stride_head = 0;
   float* lse = nullptr;
   int64_t lse_stride_token = 0, lse_stride_head = 0;
+  float v_scale = 1.f;  // multiplies o (V's dequantization scale), not lse
 };
 
 // ---- KV-major path (sparse tiles whose union of blocks is too wide for query-major) ----------

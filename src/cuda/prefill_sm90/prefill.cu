@@ -106,7 +106,9 @@ void plan_kv_major(PrefillState& s, int64_t total_blocks) {
 }
 
 // Maps of q [total_q, Hq, D] (box: 64 dims x G heads x `tokens` tokens) and of a cache
-// [pages, Hkv, P, D] (box: 64 dims x 128 keys of one page and head).
+// [pages, Hkv, P, D] (box: 64 dims x 128 keys of one page and head). An fp8 e4m3 cache travels as 16-bit
+// pseudo-elements, as the indexer's fp8 keys do (TMA only moves bytes): a row of 128 e4m3 values is 64 of them,
+// so one box {64, 128 keys} (128 bytes a row, 128B-swizzled like a 16-bit half) is a block's whole tile.
 void encode_q_map(CUtensorMap* map, const AttentionParams& p, int32_t group, int32_t tokens) {
   const uint64_t dims[3] = {kHeadDim, static_cast<uint64_t>(p.num_qo_heads), static_cast<uint64_t>(p.seqs.total_q)};
   const uint64_t strides[2] = {static_cast<uint64_t>(p.q_stride_head) * 2, static_cast<uint64_t>(p.q_stride_token) * 2};
@@ -115,12 +117,15 @@ void encode_q_map(CUtensorMap* map, const AttentionParams& p, int32_t group, int
 }
 
 void encode_cache_map(CUtensorMap* map, const AttentionParams& p, const CacheParams& c, const char* what) {
-  const uint64_t dims[4] = {kHeadDim, static_cast<uint64_t>(c.page_size), static_cast<uint64_t>(c.num_heads),
-                            static_cast<uint64_t>(p.pages.num_pages)};
-  const uint64_t strides[3] = {static_cast<uint64_t>(c.stride_token) * 2, static_cast<uint64_t>(c.stride_head) * 2,
-                               static_cast<uint64_t>(c.stride_page) * 2};
+  const bool f8 = p.kv_dtype == ScalarType::kF8E4M3;
+  const uint64_t elem = f8 ? 1 : 2;
+  const uint64_t dims[4] = {static_cast<uint64_t>(f8 ? kHeadDim / 2 : kHeadDim), static_cast<uint64_t>(c.page_size),
+                            static_cast<uint64_t>(c.num_heads), static_cast<uint64_t>(p.pages.num_pages)};
+  const uint64_t strides[3] = {static_cast<uint64_t>(c.stride_token) * elem,
+                               static_cast<uint64_t>(c.stride_head) * elem,
+                               static_cast<uint64_t>(c.stride_page) * elem};
   const uint32_t box[4] = {kHalfDim, kBlockKeys, 1, 1};
-  encode_tensor_map(map, p.dtype, 4, c.data, dims, strides, box, what);
+  encode_tensor_map(map, f8 ? ScalarType::kF16 : p.dtype, 4, c.data, dims, strides, box, what);
 }
 
 TileSchedule schedule_of(const PrefillState& s) {
@@ -160,7 +165,7 @@ KvLists kv_lists_of(const PrefillState& s) {
 
 // qp: the query-major launch's params, whose K and V maps the KV-major kernel takes as they are (the same
 // encode_cache_map calls: two driver calls fewer on the host per run).
-void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorParams& qp, bool bf16,
+void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorParams& qp, bool bf16, bool f8,
                   cudaStream_t stream) {
   const KvLists lists = kv_lists_of(s);
   MSA_CUDA_CHECK(cudaMemsetAsync(lists.key_count, 0, s.key_count.bytes(), stream));
@@ -208,13 +213,15 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorP
   mp.lse = p.lse;
   mp.lse_stride_token = p.lse_stride_token;
   mp.lse_stride_head = p.lse_stride_head;
+  mp.v_scale = p.v_scale;  // the partials are unscaled: v_scale enters once, in the merge
   for (int32_t w = 0; w < s.num_windows; ++w) {
     kp.window = w;
     mp.window = w;
-    if (bf16)
-      launch_kvmajor<true>(kp, s.sm_count, true, stream);
+    if (f8)
+      bf16 ? launch_kvmajor<true, true>(kp, s.sm_count, true, stream)
+           : launch_kvmajor<false, true>(kp, s.sm_count, true, stream);
     else
-      launch_kvmajor<false>(kp, s.sm_count, true, stream);
+      bf16 ? launch_kvmajor<true>(kp, s.sm_count, true, stream) : launch_kvmajor<false>(kp, s.sm_count, true, stream);
     launch_kv_merge(mp, false, stream);
   }
 }
@@ -264,6 +271,10 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
   s->rule = sparse_rule(sparse, group);
   if (s->rule != KvMajorRule::kNever && !(configure_kvmajor<true>() && configure_kvmajor<false>()))
     s->rule = KvMajorRule::kNever;
+  // The plan does not know the caches' dtype: the fp8 K/V kernels of its paths are configured too.
+  s->f8_ready = configure_qmajor<true, true>() && configure_qmajor<false, true>() &&
+                (s->rule == KvMajorRule::kNever ||
+                 (configure_kvmajor<true, true>() && configure_kvmajor<false, true>()));
 
   const size_t B1 = static_cast<size_t>(plan.batch_size()) + 1;
   s->tile_cum = DeviceBuffer(B1 * sizeof(int32_t));
@@ -284,19 +295,26 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
 
 bool can_run(const PrefillState& s, const AttentionParams& p) {
   if (p.dtype != ScalarType::kBF16 && p.dtype != ScalarType::kF16) return false;
-  if (p.kv_dtype != p.dtype || p.v_scale != 1.f) return false;  // fp8 K/V and the output scale: the paged family
+  // K/V in q's dtype, or fp8 e4m3 (widened to q's dtype in shared memory).
+  const bool f8 = p.kv_dtype == ScalarType::kF8E4M3;
+  if (f8 ? !s.f8_ready : p.kv_dtype != p.dtype) return false;
   if (p.head_dim != kHeadDim || p.head_dim_v != kHeadDim) return false;
   if ((p.block_idx != nullptr) != (s.topk > 0)) return false;
   if (!(p.sm_scale > 0.f) || !std::isfinite(p.sm_scale)) return false;  // the max is taken on raw scores
   if (p.pages.num_pages < 1 || p.seqs.total_q >= (int64_t(1) << 30)) return false;
   // TMA: byte strides multiples of 16 and below 2^40; o is written in 4-byte pairs (query-major kernel) and
   // 16-byte octets (KV-major merge).
-  const auto tma_stride = [](int64_t elems) { return elems > 0 && elems % 8 == 0 && elems < (int64_t(1) << 38); };
-  if (!tma_stride(p.q_stride_token) || !tma_stride(p.q_stride_head)) return false;
+  const auto tma_stride = [](int64_t elems, int64_t elem_bytes) {
+    return elems > 0 && elems < (int64_t(1) << 39) / elem_bytes && elems * elem_bytes % 16 == 0;
+  };
+  if (!tma_stride(p.q_stride_token, 2) || !tma_stride(p.q_stride_head, 2)) return false;
   if (p.o_stride_token % 8 != 0 || p.o_stride_head % 8 != 0) return false;
+  const int64_t kv_bytes = f8 ? 1 : 2;
   for (const CacheParams* c : {&p.k, &p.v}) {
     if (c->dim != kHeadDim || c->page_size != s.page_blocks * kBlockKeys || c->num_heads != s.num_kv_heads) return false;
-    if (!tma_stride(c->stride_token) || !tma_stride(c->stride_head) || !tma_stride(c->stride_page)) return false;
+    if (!tma_stride(c->stride_token, kv_bytes) || !tma_stride(c->stride_head, kv_bytes) ||
+        !tma_stride(c->stride_page, kv_bytes))
+      return false;
   }
   return true;
 }
@@ -305,6 +323,7 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   if (s.num_tiles == 0 || p.seqs.total_q == 0) return;
   const bool sparse = s.topk > 0;
   const bool bf16 = p.dtype == ScalarType::kBF16;
+  const bool f8 = p.kv_dtype == ScalarType::kF8E4M3;
   const int32_t group = 1 << s.group_shift;
 
   launch_tile_schedule(p.seqs, s.tile_tokens, s.num_kv_heads, ptr<int32_t>(s.tile_cum), ptr<int32_t>(s.blk_cum),
@@ -328,6 +347,7 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   qp.lse = p.lse;
   qp.lse_stride_token = p.lse_stride_token;
   qp.lse_stride_head = p.lse_stride_head;
+  qp.v_scale = p.v_scale;
 
   if (sparse) {
     TileListParams lp;
@@ -370,11 +390,12 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   if (kv_path) s.fork.fork(stream);
   const int grid = std::min(s.sm_count, s.num_tiles);
   try {
-    if (bf16)
-      launch_qmajor<true>(sparse, qp, grid, true, stream);
+    if (f8)
+      bf16 ? launch_qmajor<true, true>(sparse, qp, grid, true, stream)
+           : launch_qmajor<false, true>(sparse, qp, grid, true, stream);
     else
-      launch_qmajor<false>(sparse, qp, grid, true, stream);
-    if (kv_path) run_kv_major(s, p, qp, bf16, s.fork.side());
+      bf16 ? launch_qmajor<true>(sparse, qp, grid, true, stream) : launch_qmajor<false>(sparse, qp, grid, true, stream);
+    if (kv_path) run_kv_major(s, p, qp, bf16, f8, s.fork.side());
   } catch (...) {
     if (kv_path) s.fork.join_after_error(stream);
     throw;

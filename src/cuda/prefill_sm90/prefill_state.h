@@ -24,6 +24,7 @@ struct PrefillState {
   bool causal = true;
   int32_t num_tiles = 0;     // canonical tiles of the plan's lengths
   KvMajorRule rule = KvMajorRule::kNever;
+  bool f8_ready = false;     // the fp8 K/V kernels of the plan's paths hold sm_90a code and are configured
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]

@@ -16,6 +16,11 @@
 // The block list of a tile: dense = 0 .. last block of the causal frontier; sparse = the sorted
 // union of the tile tokens' valid selections with a token bitmask per block (schedule.cu).
 // Masking is one key limit per row and block: keys [block*128, block*128 + limit) are visible.
+//
+// fp8 e4m3 K/V (kF8): warp 0 loads each e4m3 tile into the second half of its 16-bit stage, completing on
+// k_land / v_land, a block's K ahead of the previous block's V inside a tile (so that the V ring's wait does
+// not hold back the K loads); warps 2-3 of the producer warpgroup (the converters) widen the tiles in place
+// in that order and arrive on k_full / v_full (fp8_tiles.cuh). The consumers are those of the 16-bit kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,6 +36,7 @@
 #include "cuda/arch/sm90_wgmma.cuh"
 #include "cuda/prefill_sm90/config.h"
 #include "cuda/prefill_sm90/consumer_math.cuh"
+#include "cuda/prefill_sm90/fp8_tiles.cuh"
 #include "cuda/prefill_sm90/params.h"
 #include "cuda/prefill_sm90/qmajor_trace.cuh"
 #include "cuda/prefill_sm90/tile_common.cuh"
@@ -44,8 +50,9 @@ struct StageInfo {
   int32_t block;
   uint32_t tokens;
   int32_t valid;
-  int32_t unused;
+  int32_t mark;  // fp8, for the converter warps: kTileLastBlock, kStreamEnd (the record after the last block)
 };
+inline constexpr int32_t kTileLastBlock = 1, kStreamEnd = 2;
 
 struct TileInfo {
   int32_t tile;  // -1: no more work
@@ -73,6 +80,10 @@ struct alignas(1024) QMajorSmem {
   uint64_t ahead_full, ahead_go;  // scheduler -> warp 0: a tile handed over; warp 0 -> scheduler: claim the next
                                   // (32 arrivals each: every lane after its own accesses)
   AheadEntry ahead[32];           // the handed-over tile's first 32 blocks
+  // fp8 K/V only: the e4m3 loads complete on k_land / v_land (one arrival + bytes), the converter warps'
+  // widening on k_full / v_full (kF8ConvertThreads arrivals). Last, in the struct's padding: the 16-bit
+  // kernels' layout and size are unchanged.
+  uint64_t k_land[kStages], v_land[kVStages];
 };
 // + 1 KiB to align the dynamic shared memory base to 1024 B (128B-swizzle atoms).
 inline constexpr int kQMajorSmemBytes = static_cast<int>(sizeof(QMajorSmem)) + 1024;
@@ -182,19 +193,53 @@ __device__ __forceinline__ void qmajor_prewait_prefetch(const QMajorParams& p, i
   if (static_cast<int64_t>(lane) * 32 < entries) arch::prefetch_l2(p.pages.table + lane * 32);
 }
 
+// fp8: the e4m3 V tile of block `it` (a 16 KiB box at key0 of page pc) into the second half of its V stage.
+__device__ __forceinline__ void qmajor_load_v_e4m3(const QMajorParams& p, QMajorSmem& s, uint32_t it, int32_t key0,
+                                                   int32_t kv_head, int32_t pc) {
+  const uint32_t vs = it % kVStages, vph = (it / kVStages) & 1;
+  arch::mbarrier_wait(&s.v_empty[vs], vph ^ 1);
+  arch::mbarrier_arrive_expect_tx(&s.v_land[vs], kF8TileBytes);
+  arch::tma_load_4d(s.v[vs] + kHalfTileBytes, &p.v_map, 0, key0, kv_head, pc, &s.v_land[vs]);
+}
+
 // K/V loads (warp 0 of the producer warpgroup). Lane 0 issues everything; the warp resolves 32 blocks'
 // pages at a time (the first 32 of a tile come resolved from the scheduler).
-template <bool kSparse>
+template <bool kSparse, bool kF8>
 __device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSmem& s) {
   const int lane = threadIdx.x & 31;
   if (lane == 0) tma_prefetch_qkv_maps(p);
   uint32_t it = 0;  // blocks issued so far
+  // fp8: the V load of block it - 1 goes out after the K load of block it (then the V ring's wait, on the PV
+  // product of block it - 3, comes after the K load the consumers need one block-step later), and a tile's
+  // last V after its last K. (Held until the next tile's first K, that V would wait for the next hand-over;
+  // when a tile without blocks comes first, the hand-over after it waits for the consumers to release that
+  // tile's Q buffer, which they reach only after the V: a deadlock.)
+  uint32_t v_next = 0;  // fp8: blocks whose V load went out
+  int32_t v_key0 = 0, v_head = 0, v_pc = 0;
+  auto flush_v = [&] {
+    if constexpr (kF8) {
+      if (v_next < it) {
+        if (lane == 0) qmajor_load_v_e4m3(p, s, v_next, v_key0, v_head, v_pc);
+        ++v_next;
+      }
+    }
+  };
   for (uint32_t q_it = 0;; ++q_it) {
     arch::mbarrier_wait(&s.ahead_full, q_it & 1);
     const TileInfo& rec = s.tile[q_it % kQStages];
     const int32_t tile = rec.tile, nblocks = rec.nblocks, request = rec.request, kv_head = rec.kv_head;
     const AheadEntry first = s.ahead[lane];
-    if (tile < 0) break;
+    if (tile < 0) {
+      if constexpr (kF8) {
+        if (lane == 0) {  // the end record for the converters (past the ring's last K)
+          const uint32_t st = it % kStages, ph = (it / kStages) & 1;
+          arch::mbarrier_wait(&s.k_empty[st], ph ^ 1);
+          s.stage[st] = StageInfo{-1, 0u, 0, kStreamEnd};
+          arch::mbarrier_arrive(&s.k_land[st]);
+        }
+      }
+      break;
+    }
     // Each lane's arrival on ahead_go lets the scheduler overwrite the hand-over (read above).
     const int32_t trigger = max(nblocks - kTileLookaheadBlocks, 0);
     if (nblocks == 0) arch::mbarrier_arrive(&s.ahead_go);
@@ -225,16 +270,25 @@ __device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSme
         if (lane == 0) {
           const uint32_t st = it % kStages, ph = (it / kStages) & 1;
           arch::mbarrier_wait(&s.k_empty[st], ph ^ 1);
-          s.stage[st] = StageInfo{blk, tok, pg >= 0, 0};
-          arch::mbarrier_arrive_expect_tx(&s.k_full[st], kTileBytes);
-          arch::tma_load_4d(s.k[st], &p.k_map, 0, key0, kv_head, pc, &s.k_full[st]);
-          arch::tma_load_4d(s.k[st] + kHalfTileBytes, &p.k_map, kHalfDim, key0, kv_head, pc, &s.k_full[st]);
+          if constexpr (kF8) {
+            s.stage[st] = StageInfo{blk, tok, pg >= 0, i0 + j == nblocks - 1 ? kTileLastBlock : 0};
+            arch::mbarrier_arrive_expect_tx(&s.k_land[st], kF8TileBytes);
+            arch::tma_load_4d(s.k[st] + kHalfTileBytes, &p.k_map, 0, key0, kv_head, pc, &s.k_land[st]);
+          } else {
+            s.stage[st] = StageInfo{blk, tok, pg >= 0, 0};
+            arch::mbarrier_arrive_expect_tx(&s.k_full[st], kTileBytes);
+            arch::tma_load_4d(s.k[st], &p.k_map, 0, key0, kv_head, pc, &s.k_full[st]);
+            arch::tma_load_4d(s.k[st] + kHalfTileBytes, &p.k_map, kHalfDim, key0, kv_head, pc, &s.k_full[st]);
+          }
         }
         // Every lane arrives (32 arrivals) after its own read of the hand-over, as the consumers release
         // their buffers: compute-sanitizer's racecheck sees the order (one lane's arrival after a
         // __syncwarp was reported as a race, though the shuffles above had consumed every lane's read).
         if (i0 + j == trigger) arch::mbarrier_arrive(&s.ahead_go);
-        if (lane == 0) {
+        if constexpr (kF8) {
+          flush_v();
+          v_key0 = key0, v_head = kv_head, v_pc = pc;
+        } else if (lane == 0) {
           const uint32_t vs = it % kVStages, vph = (it / kVStages) & 1;
           // V block j's stage frees when PV(j - 2) completes, which the consumers reach before they wait
           // for K(j): this wait never holds back a K the consumers need.
@@ -244,6 +298,30 @@ __device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSme
           arch::tma_load_4d(s.v[vs] + kHalfTileBytes, &p.v_map, kHalfDim, key0, kv_head, pc, &s.v_full[vs]);
         }
       }
+    }
+    flush_v();  // fp8: the tile's last V
+  }
+}
+
+// fp8 (warps 2-3 of the producer warpgroup, ct = 0 .. kF8ConvertThreads - 1): the tiles warp 0 loads, widened
+// in place in its order: K(j), then V(j - 1) if still due, and at a tile's last block V(j) too. Every
+// converter thread arrives on k_full / v_full after its own stores.
+template <bool kBf16>
+__device__ __forceinline__ void qmajor_converter(QMajorSmem& s, int ct) {
+  const uint32_t k_base = arch::smem_addr(s.k[0]), v_base = arch::smem_addr(s.v[0]);
+  uint32_t v_next = 0;  // blocks whose V is widened
+  for (uint32_t it = 0;; ++it) {
+    const uint32_t st = it % kStages, ph = (it / kStages) & 1;
+    arch::mbarrier_wait(&s.k_land[st], ph);
+    const int32_t mark = s.stage[st].mark;
+    if (mark == kStreamEnd) break;  // every V is done: the last block was a tile's last
+    widen_e4m3_tile<Element<kBf16>>(k_base + st * kTileBytes, ct);
+    arch::mbarrier_arrive(&s.k_full[st]);
+    for (const uint32_t v_end = mark == kTileLastBlock ? it + 1 : it; v_next < v_end; ++v_next) {
+      const uint32_t vs = v_next % kVStages, vph = (v_next / kVStages) & 1;
+      arch::mbarrier_wait(&s.v_land[vs], vph);
+      widen_e4m3_tile<Element<kBf16>>(v_base + vs * kTileBytes, ct);
+      arch::mbarrier_arrive(&s.v_full[vs]);
     }
   }
 }
@@ -343,7 +421,8 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
     arch::fence_regs(pf);
     arch::mbarrier_arrive(&s.v_empty[vs]);
   };
-  // Epilogue of a tile: o = O / l (0 when nothing is visible), lse = ln(sum exp(s)) (-inf when nothing is).
+  // Epilogue of a tile: o = O * v_scale / l (0 when nothing is visible), lse = ln(sum exp(s)) (-inf when nothing
+  // is): v_scale scales the output only.
   auto epilogue = [&](const TileInfo& ti, const Rows& rw) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -354,7 +433,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       const int64_t head = static_cast<int64_t>(ti.kv_head) * group + head_in_group[h];
       // l >= 1 when a key is visible (the row max weighs 1): the SFU's 1/l and log2 (arch/fast_math.cuh), not the
       // IEEE division's slow-path call, on the path from a tile's last PV to the next tile.
-      const float inv = l[h] > 0.f ? arch::rcp_approx(l[h]) : 0.f;
+      const float inv = l[h] > 0.f ? arch::rcp_approx(l[h]) * p.v_scale : 0.f;
       Elem* dst = static_cast<Elem*>(p.o) + tok * p.o_stride_token + head * p.o_stride_head + 2 * t;
 #pragma unroll
       for (int j = 0; j < 16; ++j)
@@ -472,7 +551,8 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
 
 #endif  // MSA_SM90A_DEVICE
 
-template <bool kBf16, bool kSparse>
+// kF8: K and V are fp8 e4m3 (one TMA box of 128 keys x 128 bytes a block), widened to kBf16's type.
+template <bool kBf16, bool kSparse, bool kF8 = false>
 __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __grid_constant__ QMajorParams p) {
 #ifdef MSA_SM90A_DEVICE
   MSA_QTRACE_DECL;
@@ -485,17 +565,21 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
   const uint32_t pad = (1024u - (arch::smem_addr(smem_raw) & 1023u)) & 1023u;
   QMajorSmem& s = *reinterpret_cast<QMajorSmem*>(smem_raw + pad);
   if (threadIdx.x == 0) {
+    // fp8: the converter threads complete k_full / v_full, the TMA loads k_land / v_land.
+    constexpr uint32_t kFullArrivals = kF8 ? kF8ConvertThreads : 1;
     for (int i = 0; i < kQStages; ++i) {
       arch::mbarrier_init(&s.q_full[i], 1);
       arch::mbarrier_init(&s.q_empty[i], kConsumerThreads);
     }
     for (int i = 0; i < kStages; ++i) {
-      arch::mbarrier_init(&s.k_full[i], 1);
+      arch::mbarrier_init(&s.k_full[i], kFullArrivals);
       arch::mbarrier_init(&s.k_empty[i], kConsumerThreads);
+      if constexpr (kF8) arch::mbarrier_init(&s.k_land[i], 1);
     }
     for (int i = 0; i < kVStages; ++i) {
-      arch::mbarrier_init(&s.v_full[i], 1);
+      arch::mbarrier_init(&s.v_full[i], kFullArrivals);
       arch::mbarrier_init(&s.v_empty[i], kConsumerThreads);
+      if constexpr (kF8) arch::mbarrier_init(&s.v_land[i], 1);
     }
     arch::mbarrier_init(&s.ahead_full, 32);
     arch::mbarrier_init(&s.ahead_go, 32);
@@ -505,8 +589,9 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     arch::regs_decrease<kProducerRegs>();
-    if (threadIdx.x < 32) qmajor_producer<kSparse>(p, s);
+    if (threadIdx.x < 32) qmajor_producer<kSparse, kF8>(p, s);
     else if (threadIdx.x < 64) qmajor_scheduler<kSparse>(p, s);
+    else if constexpr (kF8) qmajor_converter<kBf16>(s, threadIdx.x - 32 * kF8ConvertWarp0);
   } else {
     arch::regs_increase<kConsumerRegs>();
     qmajor_consumer<kBf16, kSparse>(p, s, wg - 1 MSA_QTRACE_ARG);

@@ -8,21 +8,23 @@
 
 namespace msa::detail::cuda::prefill_sm90 {
 
-template <bool kBf16>
+template <bool kBf16, bool kF8>
 void launch_qmajor(bool sparse, const QMajorParams& p, int grid, bool pdl, cudaStream_t stream) {
   if (sparse)
-    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, true>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream, p);
+    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, true, kF8>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream,
+                  p);
   else
-    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, false>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream, p);
+    launch_kernel(pdl, qmajor_prefill_kernel<kBf16, false, kF8>, dim3(grid), dim3(kThreads), kQMajorSmemBytes, stream,
+                  p);
 #ifdef MSA_QMAJOR_TRACE
   qmajor_trace_print_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned>(grid));
 #endif
 }
 
-template <bool kBf16>
+template <bool kBf16, bool kF8>
 bool configure_qmajor() {
-  const void* kernels[] = {reinterpret_cast<const void*>(qmajor_prefill_kernel<kBf16, false>),
-                           reinterpret_cast<const void*>(qmajor_prefill_kernel<kBf16, true>)};
+  const void* kernels[] = {reinterpret_cast<const void*>(qmajor_prefill_kernel<kBf16, false, kF8>),
+                           reinterpret_cast<const void*>(qmajor_prefill_kernel<kBf16, true, kF8>)};
   for (const void* k : kernels) {
     if (!kernel_has_sm90a_body(k)) return false;
     MSA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kQMajorSmemBytes));
