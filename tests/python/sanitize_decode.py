@@ -19,9 +19,10 @@ import msa  # noqa: E402
 import msa_testing as mt  # noqa: E402
 
 DEV = "cuda"
+FP8_SCALE = 1.0 / 64
 
 
-def run(prob, decode=True, tamper=None, **split):
+def run(prob, decode=True, tamper=None, fp8=False, **split):
     kw = dict(num_qo_heads=prob.num_qo_heads, num_kv_heads=prob.num_kv_heads, head_dim=prob.head_dim,
               page_size=prob.page_size, topk=prob.topk, causal=prob.causal, device=DEV, **split)
     if decode:
@@ -31,9 +32,15 @@ def run(prob, decode=True, tamper=None, **split):
     t = mt.to_torch(prob, DEV, torch.bfloat16)
     if tamper:
         tamper(t)
+    scales = {}
+    if fp8:  # the halves of one interleaved fp8 pool
+        k8, _, _, _ = mt.fp8_kv(prob, FP8_SCALE, FP8_SCALE, interleaved=True)
+        pool = torch.from_numpy(k8.base.view(np.uint8)).to(DEV).view(torch.float8_e4m3fn)
+        t["k_cache"], t["v_cache"] = pool[..., :prob.head_dim], pool[..., prob.head_dim:]
+        scales = dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE)
     o, lse = msa.attention(plan, t["q"], t["k_cache"], t["v_cache"], t["page_table"], t["qo_indptr"], t["kv_lens"],
                            block_idx=t["block_idx"], qo_offset=t["qo_offset"], page_indptr=t["page_indptr"],
-                           return_lse=True)
+                           return_lse=True, **scales)
     torch.cuda.synchronize()
     return o.float().cpu().numpy(), lse.cpu().numpy()
 
@@ -41,7 +48,11 @@ def run(prob, decode=True, tamper=None, **split):
 def check(name, prob, **kw):
     print(f"begin {name}", flush=True)  # sanitizer reports print between begin and ok
     o, lse = run(prob, **kw)
-    o_ref, lse_ref = mt.ref_attention(prob)
+    if kw.get("fp8"):
+        _, _, kd, vd = mt.fp8_kv(prob, FP8_SCALE, FP8_SCALE, interleaved=True)
+        o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
+    else:
+        o_ref, lse_ref = mt.ref_attention(prob)
     mt.assert_close(o, o_ref, what=name)
     mt.assert_lse_close(lse, lse_ref)
     print(f"ok {name}", flush=True)
@@ -79,6 +90,18 @@ def main():
     check("prefill sparse, page 64 (paged family)", prob([70, 5], [300, 5], hkv=2, g=4, page_size=64), decode=False)
     check("prefill dense, page 16 (paged family)", prob([40, 3], [250, 600], hkv=1, g=16, page_size=16,
                                                          pattern=None), decode=False)
+
+    # fp8 K/V: the token kernel (K fragments from fp8 rows, V converted), the general kernel's converted tiles,
+    # the two-level dense merge, and the Hopper prefill kernels' widened tiles (query-major and KV-major).
+    check("fp8 decode sparse, token kernel, split", prob([1, 1], [3000, 700]), fp8=True)
+    check("fp8 decode 4 tokens, G=4 union tile", prob([4, 3], [2000, 900], g=4, hkv=2, pattern="clustered"), fp8=True)
+    check("fp8 decode dense, two-level merge", prob([1], [40000], pattern=None), fp8=True)
+    for mode in ("qmajor", "kvmajor"):
+        os.environ["MSA_SM90_PREFILL"] = mode
+        check(f"fp8 prefill sparse, {mode}", prob([70, 5, 130], [300, 5, 900], hkv=2, g=16), decode=False, fp8=True)
+        del os.environ["MSA_SM90_PREFILL"]
+    check("fp8 prefill dense, page 64 (paged family)", prob([40, 3], [250, 600], hkv=1, g=16, page_size=64,
+                                                            pattern=None), decode=False, fp8=True)
 
     def tamper(t):
         t["page_table"][0, 2] = 10**9

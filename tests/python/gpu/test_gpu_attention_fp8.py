@@ -353,3 +353,64 @@ def test_cli_demo_runs_fp8_on_cuda():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "ERROR" not in run.stdout
+
+
+# ---- the Hopper prefill kernels on fp8 K/V (query-major and KV-major; the portable kernel elsewhere) ----------
+
+def plan_sm90(prob, monkeypatch, mode, window_tiles=None):
+    monkeypatch.setenv("MSA_SM90_PREFILL", mode)
+    if window_tiles:
+        monkeypatch.setenv("MSA_SM90_KV_WINDOW_TILES", str(window_tiles))
+    else:
+        monkeypatch.delenv("MSA_SM90_KV_WINDOW_TILES", raising=False)
+    return plan_for(prob, False)
+
+
+def check_prefill_fp8(plan, prob, dtype, interleaved, v_scale=V_SCALE):
+    t = mt.to_torch(prob, DEV, TORCH_DTYPE[dtype])
+    k8, v8, kd, vd = fp8_tensors(prob, interleaved, v_scale=v_scale)
+    out, lse = call(plan, prob, t, k8, v8, q_scale=Q_SCALE, k_scale=K_SCALE, v_scale=v_scale)
+    o_ref, lse_ref = mt.scaled_reference(prob, kd, vd, q_scale=Q_SCALE)
+    mt.assert_close(out.float().cpu().numpy(), o_ref)
+    mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
+
+
+@pytest.mark.parametrize("mode", ["auto", "qmajor", "kvmajor"])
+@pytest.mark.parametrize("pattern", ["random", "clustered", "shared", None])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_sm90_prefill_modes(rng, monkeypatch, mode, pattern, dtype, interleaved):
+    prob = problem(rng, [300, 129, 1, 64], [700, 129, 257, 2000], pattern, heads=(64, 4), topk=16, page_size=128,
+                   dtype=dtype, empty_row_prob=0.05)
+    check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, dtype, interleaved)
+
+
+def test_sm90_prefill_kvmajor_windows(rng, monkeypatch):
+    prob = problem(rng, [400, 300, 9], [1200, 900, 300], "random", heads=(32, 2), topk=16, page_size=128)
+    check_prefill_fp8(plan_sm90(prob, monkeypatch, "kvmajor", window_tiles=8), prob, "bf16", True)
+
+
+@pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
+def test_sm90_prefill_tiles_without_blocks_between_others(rng, monkeypatch, mode):
+    """Requests with kv_len 0 (non-causal: nothing to see) and rows whose selections are all -1 between requests
+    that have blocks: the producer's hand-over order across tiles with no block."""
+    prob = problem(rng, [70, 5, 130, 40, 9], [700, 0, 900, 300, 0], "random", heads=(64, 4), topk=16, page_size=128,
+                   qo_offset=[0, 0, 0, 0, 0], causal=False, empty_row_prob=0.3)
+    check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, "bf16", False)
+
+
+@pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_sm90_prefill_v_scale_leaves_lse(rng, monkeypatch, mode, fp8):
+    """v_scale scales o and not lse, bf16 and fp8 caches, both decompositions."""
+    prob = problem(rng, [300, 129], [700, 1000], "random", heads=(64, 4), topk=16, page_size=128)
+    plan = plan_sm90(prob, monkeypatch, mode)
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    if fp8:
+        k, v, _, _ = fp8_tensors(prob, True)
+    else:
+        k, v = t["k_cache"], t["v_cache"]
+    o1, lse1 = call(plan, prob, t, k, v, k_scale=K_SCALE if fp8 else 1.0, v_scale=V_SCALE if fp8 else 1.0)
+    o2, lse2 = call(plan, prob, t, k, v, k_scale=K_SCALE if fp8 else 1.0, v_scale=(V_SCALE if fp8 else 1.0) * 3.0)
+    assert torch.equal(lse1, lse2)
+    mt.assert_close(o2.float().cpu().numpy(), 3.0 * o1.float().cpu().numpy())
