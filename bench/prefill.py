@@ -3,7 +3,8 @@ with the peers and the ceilings measured in the same run.
 
     PYTHONPATH=build/python python3 bench/prefill.py [--quick] [--shape M3-TP1] [--workload P-32K]
 
-Workloads (one request, D=128, blocks = pages = 128 tokens, top-16, bf16): P-32K (32768 tokens, no
+Workloads (one request, D=128, blocks = pages = 128 tokens, top-16, bf16; `-fp8` rows read an e4m3 copy of the
+cache, per-tensor scales 1/64, and carry vs_bf16 = the bf16 row's time over theirs): P-32K (32768 tokens, no
 prefix), P-chunk (4096 new tokens after 28672 cached), P-128K (8192 new after 122880 cached); shapes
 M3-TP1 (Hq=64, Hkv=4) and M3-TP4 (Hq=16, Hkv=1). Selections (every row holds the token's own block, rows
 shuffled): `random` (15 uniformly random earlier blocks per token and KV head), `clustered` (block 0 and
@@ -76,6 +77,7 @@ SHAPES = {"M3-TP1": (64, 4), "M3-TP4": (16, 1)}          # (Hq, Hkv)
 WORKLOADS = {"P-32K": (32768, 32768), "P-chunk": (4096, 32768), "P-128K": (8192, 131072)}  # (qo_len, kv_len)
 BARS = {"random": 250.0, "clustered": 450.0, "shared": 550.0}  # TFLOP/s on P-32K and P-chunk
 D, BLOCK, TOPK = 128, 128, 16
+FP8_SCALE = 1.0 / 64  # k_scale = v_scale of the -fp8 rows' e4m3 copy of the cache (N(0, 1) values up to 7 sigma)
 POOL, POOL_PICKS = 24, 14
 DEV = "cuda"
 
@@ -105,6 +107,12 @@ class Case:
             return out.contiguous()
 
         self.k_cache, self.v_cache = paged(self.k_lin), paged(self.v_lin)
+        # The fp8 e4m3 copy of the cache (per-tensor scale FP8_SCALE) for the -fp8 rows, and its dequantized
+        # values (linear) for their max_err.
+        self.k8, self.v8 = (self.k_cache.float() / FP8_SCALE).to(torch.float8_e4m3fn), \
+            (self.v_cache.float() / FP8_SCALE).to(torch.float8_e4m3fn)
+        self.k_lin8 = ((self.k_lin.float() / FP8_SCALE).to(torch.float8_e4m3fn).float() * FP8_SCALE)
+        self.v_lin8 = ((self.v_lin.float() / FP8_SCALE).to(torch.float8_e4m3fn).float() * FP8_SCALE)
         self.page_table = perm.to(torch.int32).view(1, pages).contiguous()
         self.qo_indptr = torch.tensor([0, qo_len], device=DEV, dtype=torch.int32)
         self.kv_lens = torch.tensor([kv_len], device=DEV, dtype=torch.int32)
@@ -174,22 +182,25 @@ def dense_pairs(c: Case) -> int:
 
 # ---- msa -------------------------------------------------------------------------------------------
 
-def msa_runner(c: Case, sel: torch.Tensor | None, mode: str = "auto", env: dict | None = None):
+def msa_runner(c: Case, sel: torch.Tensor | None, mode: str = "auto", env: dict | None = None, fp8: bool = False):
     with environment({"MSA_SM90_PREFILL": mode, **(env or {})}):
         plan = msa.plan_prefill([c.T], [c.S], num_qo_heads=c.hq, num_kv_heads=c.hkv, head_dim=D, page_size=BLOCK,
                                 topk=TOPK if sel is not None else 0, causal=True, device=DEV)
     out = torch.empty_like(c.q)
+    k, v, scales = (c.k8, c.v8, dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE)) if fp8 else (c.k_cache, c.v_cache, {})
 
     def call():
-        msa.attention(plan, c.q, c.k_cache, c.v_cache, c.page_table, c.qo_indptr, c.kv_lens, block_idx=sel,
-                      out=out, sm_scale=c.scale)
+        msa.attention(plan, c.q, k, v, c.page_table, c.qo_indptr, c.kv_lens, block_idx=sel, out=out,
+                      sm_scale=c.scale, **scales)
 
     call.plan = plan.describe()  # recorded in the JSON rows: which kernels served the call
     return call, out
 
 
-def sparse_max_err(c: Case, sel: torch.Tensor, out: torch.Tensor, gen: torch.Generator, n: int = 16) -> float:
-    """Largest abs error of n sampled tokens' rows against fp32 attention over their selected keys."""
+def sparse_max_err(c: Case, sel: torch.Tensor, out: torch.Tensor, gen: torch.Generator, n: int = 16,
+                   fp8: bool = False) -> float:
+    """Largest abs error of n sampled tokens' rows against fp32 attention over their selected keys (the
+    dequantized fp8 cache for fp8 rows)."""
     toks = torch.randint(0, c.T, (n,), device=DEV, generator=gen)
     e = sel[toks].to(torch.int64)                                          # [n, H, K]
     keys = e[..., None] * BLOCK + torch.arange(BLOCK, device=DEV)          # [n, H, K, 128]
@@ -197,8 +208,8 @@ def sparse_max_err(c: Case, sel: torch.Tensor, out: torch.Tensor, gen: torch.Gen
     keys = keys.clamp(0, c.S - 1).flatten(2)                               # [n, H, K*128]
     ok = ok.flatten(2)
     h = torch.arange(c.hkv, device=DEV)[None, :, None]
-    k = c.k_lin[0][h, keys].float()                                        # [n, H, L, D]
-    v = c.v_lin[0][h, keys].float()
+    k = (c.k_lin8 if fp8 else c.k_lin)[0][h, keys].float()                # [n, H, L, D]
+    v = (c.v_lin8 if fp8 else c.v_lin)[0][h, keys].float()
     q = c.q[toks].float().view(n, c.hkv, c.G, D)
     s = torch.einsum("nhgd,nhld->nhgl", q, k) * c.scale
     s = s.masked_fill(~ok[:, :, None, :], float("-inf"))
@@ -387,10 +398,18 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
     c = Case(qo_len, kv_len, hq, hkv, gen)
     iters = opts.iters or (10 if opts.quick else 20)
 
-    def emit(pattern, impl, us, pairs, **extra):
+    bf16_us = {}  # (pattern, impl) -> us of the bf16-cache row, for the fp8 rows' ratio
+
+    def emit(pattern, impl, us, pairs, fp8=False, **extra):
         tf = tflops(pairs, us)
-        bar = BARS.get(pattern) if wl in ("P-32K", "P-chunk") and impl == "msa" else None
-        r = row(wl, shape, pattern, impl, us, tflops=tf, ceil=ceil, pairs=pairs, bar_tflops=bar, **extra)
+        bar = BARS.get(pattern) if wl in ("P-32K", "P-chunk") and impl == "msa" and not fp8 else None
+        if fp8 and (pattern, impl) in bf16_us:
+            # the fp8 bar: >= 0.95 of the bf16-cache figure of the same run
+            extra["vs_bf16"] = round(bf16_us[(pattern, impl)] / us, 3)
+        elif not fp8:
+            bf16_us[(pattern, impl)] = us
+        r = row(wl + ("-fp8" if fp8 else ""), shape, pattern, impl, us, tflops=tf, ceil=ceil, pairs=pairs,
+                bar_tflops=bar, **extra)
         rows.append(r)
         err = "" if r["max_err"] is None else f"  max_err {r['max_err']:.2e}"
         eager = "" if "eager_us" not in extra else f"  eager {extra['eager_us']:.1f} us"
@@ -400,8 +419,9 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
             eager = f"  isolated {extra['isolated_us']:.1f} us" + eager
         kern = "" if "kernels_us" not in extra else "  " + " ".join(f"{k} {v}" for k, v in extra["kernels_us"].items())
         clk = "" if "sm_mhz" not in extra else f"  {extra['sm_mhz']} MHz (min {extra['sm_mhz_min']}, capped {extra['power_capped']})"
-        print(f"{wl:8s} {shape:7s} {pattern:9s} {impl:18s} {us:10.1f} us {tf:7.1f} TFLOP/s{err}{eager}{clk}{kern}",
-              flush=True)
+        vs = "" if "vs_bf16" not in extra else f"  vs bf16 {extra['vs_bf16']:.3f}"
+        print(f"{wl + ('-fp8' if fp8 else ''):12s} {shape:7s} {pattern:9s} {impl:18s} {us:10.1f} us {tf:7.1f} "
+              f"TFLOP/s{err}{vs}{eager}{clk}{kern}", flush=True)
 
     def settle() -> dict:
         """Rests the board (see the docstring) so that a row does not inherit the power cap of the last."""
@@ -473,12 +493,13 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
             print(f"{wl} {shape} dense cudnn-sdpa: {e}", flush=True)
     if "dense" in opts.patterns:
         for vname, env in opts.variants:
-            call, out = msa_runner(c, None, env=env)
-            us, extra = time_msa(call)
-            if us is None:
-                continue
-            err = None if ref is None else float((out - ref[0].transpose(0, 1)).abs().max().item())
-            emit("dense", f"msa-dense{vname}", us, pairs, max_err=err, plan=call.plan, **extra)
+            for fp8 in opts.kv_fp8:
+                call, out = msa_runner(c, None, env=env, fp8=fp8)
+                us, extra = time_msa(call)
+                if us is None:
+                    continue
+                err = None if ref is None or fp8 else float((out - ref[0].transpose(0, 1)).abs().max().item())
+                emit("dense", f"msa-dense{vname}", us, pairs, max_err=err, plan=call.plan, fp8=fp8, **extra)
     del ref
 
     for pattern in ("random", "clustered", "shared"):
@@ -489,18 +510,20 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
         out = None
         for mode in opts.modes:
             for vname, env in opts.variants:
-                impl = ("msa" if mode == "auto" else f"msa-{mode}") + vname
-                try:
-                    call, o = msa_runner(c, sel, mode, env)
-                    us, extra = time_msa(call)
-                    if us is None:
-                        continue
-                    emit(pattern, impl, us, pairs, max_err=sparse_max_err(c, sel, o, gen), plan=call.plan, **extra)
-                    if out is None:
-                        out = o
-                except Exception as e:  # noqa: BLE001
-                    rows.append(row(wl, shape, pattern, impl, 0.0, error=str(e)[:400]))
-                    print(f"{wl} {shape} {pattern} {impl}: {e}", flush=True)
+                for fp8 in opts.kv_fp8:
+                    impl = ("msa" if mode == "auto" else f"msa-{mode}") + vname
+                    try:
+                        call, o = msa_runner(c, sel, mode, env, fp8)
+                        us, extra = time_msa(call)
+                        if us is None:
+                            continue
+                        emit(pattern, impl, us, pairs, max_err=sparse_max_err(c, sel, o, gen, fp8=fp8), plan=call.plan,
+                             fp8=fp8, **extra)
+                        if out is None and not fp8:
+                            out = o
+                    except Exception as e:  # noqa: BLE001
+                        rows.append(row(wl + ("-fp8" if fp8 else ""), shape, pattern, impl, 0.0, error=str(e)[:400]))
+                        print(f"{wl} {shape} {pattern} {impl} fp8={fp8}: {e}", flush=True)
         if pattern == "shared" and opts.peers and not opts.once and flex_wanted:
             try:
                 fcall, fo = flex_runner(c, sel)
@@ -527,6 +550,9 @@ def main():
     ap.add_argument("--modes", help="decompositions per sparse pattern, e.g. auto,qmajor,kvmajor")
     ap.add_argument("--patterns", help="dense,random,clustered,shared (default: all)")
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="skip cuDNN SDPA and FlexAttention")
+    ap.add_argument("--kv", default="bf16,fp8",
+                    help="K/V caches timed per msa row: bf16, fp8 (rows named <workload>-fp8, an e4m3 copy with "
+                         "k_scale = v_scale = 1/64, vs_bf16 = the bf16 row's time over theirs) or both (default)")
     ap.add_argument("--flex", default="all",
                     help="cases where FlexAttention runs: all, none, or SHAPE:WORKLOAD,... (its compile takes ~20 s a case)")
     ap.add_argument("--profile", action="store_true", help="per-kernel device time of each msa row")
@@ -548,6 +574,10 @@ def main():
     args.variants = parse_variants(args.variants)
     args.modes = args.modes.split(",") if args.modes else (["auto"] if args.quick else ["auto", "qmajor", "kvmajor"])
     args.patterns = args.patterns.split(",") if args.patterns else ["dense", "random", "clustered", "shared"]
+    kinds = args.kv.split(",")
+    if not kinds or set(kinds) - {"bf16", "fp8"}:
+        ap.error(f"--kv: expected bf16, fp8 or bf16,fp8, got {args.kv!r}")
+    args.kv_fp8 = [k == "fp8" for k in ("bf16", "fp8") if k in kinds]
     args.monitor = GpuMonitor(enabled=not args.once)  # no sampler beside an ncu run
     ceil = {"copy_gbps": None, "matmul_tflops": None} if args.once else ceilings()
     rows: list = []
