@@ -423,7 +423,8 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
     // took 121 us at M3-TP1 dense D-B1, 256 splits 362 us at M3-TP4).
     const int64_t slots = static_cast<int64_t>(per_sm) * dev.sm_count;
     if (st->cluster_merge && splits == kMaxClusterSplits && items * kMaxClusterSplits * 2 <= slots) {
-      int64_t parts = std::min({slots / (items * kMaxClusterSplits), ceil_div64(n_max, kMaxClusterSplits),
+      // At least 4 blocks per CTA: the item's last CTA merges every part, one part more than the CTAs need.
+      int64_t parts = std::min({slots / (items * kMaxClusterSplits), ceil_div64(n_max, 4 * kMaxClusterSplits),
                                 int64_t{kMaxClusterSplits}});
       while (parts > 1 && (clusters_fit(kMaxClusterSplits) < items * parts ||
                            merge_min_bytes(static_cast<int>(parts), rows, D) > merge_room))

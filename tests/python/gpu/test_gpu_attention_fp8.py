@@ -413,4 +413,4 @@ def test_sm90_prefill_v_scale_leaves_lse(rng, monkeypatch, mode, fp8):
     o1, lse1 = call(plan, prob, t, k, v, k_scale=K_SCALE if fp8 else 1.0, v_scale=V_SCALE if fp8 else 1.0)
     o2, lse2 = call(plan, prob, t, k, v, k_scale=K_SCALE if fp8 else 1.0, v_scale=(V_SCALE if fp8 else 1.0) * 3.0)
     assert torch.equal(lse1, lse2)
-    mt.assert_close(o2.float().cpu().numpy(), 3.0 * o1.float().cpu().numpy())
+    mt.assert_close(o2.float().cpu().numpy() / 3.0, o1.float().cpu().numpy())

@@ -50,7 +50,7 @@ def test_long_dense_decode(rng, fp8, heads, kv):
     plan = plan_for(len(kv), max(kv), *heads)
     if len(kv) * heads[1] * 32 <= 2 * torch.cuda.get_device_properties(0).multi_processor_count \
             and torch.cuda.get_device_capability() >= (9, 0):
-        assert "merge=cluster+workspace" in plan.describe(), plan.describe()
+        assert plan.describe().get("merge") == "cluster+workspace", plan.describe()
     run(plan, prob, fp8)
 
 
