@@ -1,10 +1,9 @@
 // Decode block scores on sm_90a: every request's index keys streamed once through a TMA ring.
 //
 // Persistent CTA per SM = kRingConsumerWarps consumer warps + one producer warp. Work items are
-// (request, chunk of C blocks, index-K head), dealt round-robin over the CTAs; each item owns C stages
-// of the CTA's stage sequence (blocks past max_blocks included), interleaved with those of the items the
-// other consumer warps run beside it (stage_of below), so both sides know every stage's block without
-// exchanging anything.
+// (request, chunk of C blocks, index-K head), dealt round-robin over the CTAs; each item owns C
+// consecutive stages of the CTA's stage sequence (blocks past max_blocks included), so both sides know
+// every stage's block without exchanging anything.
 //
 // Producer: lane l resolves (request lengths, page id) of stage s0 + l / parts, box l % parts, for a
 // whole warp round of stages at once (parts = 128 / min(page, 128) boxes per block), then per stage waits
@@ -94,18 +93,6 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
   const int64_t my_items = (a.items - blockIdx.x + gridDim.x - 1) / gridDim.x;
   const int64_t nstages = my_items * C;
   auto item_of = [&](int64_t j) { return ring_item(blockIdx.x + j * gridDim.x, B, HK); };
-  // Stage order: the consumer warps run their items side by side (warp w: items w, w + W, ...), so the
-  // stages of a group of W items are interleaved block by block (stage 4gC + i n + w: block i of item
-  // 4g + w, n items in the group) and the warps consume the ring in its order. With the stages of each
-  // item consecutive instead, the W current blocks spanned W C stages (16 fp8 stages against a ring of
-  // 13) and the producer, which refills slots in order, waited on the furthest-behind warp with nothing
-  // in flight for the others.
-  constexpr int W = kRingConsumerWarps;
-  auto group_items = [&](int64_t g) { return static_cast<int>(min64(W, my_items - W * g)); };
-  auto stage_of = [&](int64_t j, int i) {  // item j (of this CTA), block i of the item
-    const int64_t g = j / W;
-    return g * W * C + static_cast<int64_t>(i) * group_items(g) + (j % W);
-  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -130,10 +117,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
       const int part = lane % parts;
       int pg = -2, off = 0, kh = 0;
       if (lane < per_round * parts && s < nstages) {
-        const int64_t g = s / (W * C);
-        const int r = static_cast<int>(s - g * W * C), n = group_items(g);
-        const RingItem it = item_of(W * g + r % n);
-        const int blk = it.chunk * C + r / n;
+        const RingItem it = item_of(s / C);
+        const int blk = it.chunk * C + static_cast<int>(s % C);
         kh = it.kh;
         if (blk < p.max_blocks) {
           const Request rq = load_request(p.seqs, it.b);
@@ -255,7 +240,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
 
     for (int i = 0; i < C; ++i) {
       const int blk = it.chunk * C + i;
-      const int64_t s = stage_of(j, i);
+      const int64_t s = j * C + i;
       const int stage = static_cast<int>(s % S);
       const uint32_t base = ring + stage * L::kStageBytes;
       while (arch::ld_volatile_shared(claimed) <= s) __nanosleep(32);
