@@ -9,7 +9,7 @@ NotImplementedError (valid input this build or device cannot run), RuntimeError 
 Importing msa never imports torch. The semantics are those of docs/python_api.md.
 
 Beside this core, the torch-only modules: msa.torch_ops (the entry points as torch custom ops) and the
-serving-engine drop-ins of msa.engines, imported as msa.sglang and msa.fmha_sm100.
+serving-engine drop-ins of msa.engines, imported as msa.sglang, msa.fmha_sm100 and msa.flashinfer.
 """
 from ._C import cuda_available
 from .ops import attention, block_scores, build_page_table, merge_states, select_topk, sparse_attention_layer
