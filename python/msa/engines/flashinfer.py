@@ -326,8 +326,9 @@ def msa_topk_select(
         return output
     # Every token is a request of its own whose keys end at its extent (non-causal: all its blocks valid).
     qo_indptr = torch.arange(total_q + 1, dtype=torch.int32, device=dev)
-    sel = torch_ops.select_topk(max_score, qo_indptr, valid * BLOCK, topk, layout="HKT", force_begin=fb,
-                                force_end=fe, causal=False)
+    at_zero = torch.zeros((total_q,), dtype=torch.int32, device=dev)  # the default kv_len - 1 is -1 for kv_len 0
+    sel = torch_ops.select_topk(max_score, qo_indptr, valid * BLOCK, topk, qo_offset=at_zero, layout="HKT",
+                                force_begin=fb, force_end=fe, causal=False)
     # msa ranks -inf like any score: drop non-finite picks that are not forced, then re-pack ascending.
     picked = max_score.permute(2, 0, 1).gather(2, sel.clamp_min(0).to(torch.int64))
     forced = (sel < fb) | (sel >= (valid - fe).view(-1, 1, 1))
