@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 import msa
+import msa_testing as mt
 
 BLOCK = 128
 
@@ -73,3 +74,46 @@ def shards(torch, layout, world, batch, max_blocks, rng, device="cpu"):
         bounds[b, 1:world] = np.sort(rng.integers(0, nb + 1, size=world - 1))
         bounds[b, world] = max_blocks
     return [dist.Shard.contiguous(r, bounds, max_blocks, device) for r in range(world)]
+
+
+def run_emulated(torch, batch, shard_list, phase, topk, *, force_begin=0, force_end=1, causal=True):
+    from msa import distributed as dist
+    kw = dict(num_qo_heads=batch["hq"], num_kv_heads=batch["hkv"], head_dim=batch["head_dim"],
+              page_size=batch["page_size"], topk=topk)
+    steps, plans = [], []
+    for sh in shard_list:
+        table = dist.shard_page_table(batch["page_table"], sh, batch["page_size"])
+        if phase == "decode":
+            st = dist.DecodeStep(sh, table, batch["qo_indptr"], batch["kv_lens"], batch["q"].shape[0],
+                                 qo_offset=batch["qo_offset"], causal=causal)
+            plans.append(st.plan(**kw))
+        else:
+            st = dist.PrefillStep(sh, table, batch["qo_lens"], batch["kv_lens_host"],
+                                  qo_offset=batch["qo_offset_host"], causal=causal)
+            plans.append(st.plans(**kw))
+        steps.append(st)
+    k = [batch["k_cache"]] * len(steps)   # emulated ranks address one pool through their local tables
+    v = [batch["v_cache"]] * len(steps)
+    ki = [batch["k_index"]] * len(steps)
+    ks = None if batch["k_index_scale"] is None else [batch["k_index_scale"]] * len(steps)
+    return dist.emulate_layer(steps, plans, batch["q"], k, v, batch["q_index"], ki, topk, k_index_scales=ks,
+                              force_begin=force_begin, force_end=force_end)
+
+
+def reference(batch, phase, topk, max_kv, **kw):
+    pk = dict(num_qo_heads=batch["hq"], num_kv_heads=batch["hkv"], head_dim=batch["head_dim"],
+              page_size=batch["page_size"], topk=topk, device=batch["q"].device)
+    if phase == "decode":
+        plan = msa.plan_decode(len(batch["kv_lens_host"]), max(batch["qo_lens"]), max_kv, **pk)
+    else:
+        plan = msa.plan_prefill(batch["qo_lens"], batch["kv_lens_host"], qo_offset=batch["qo_offset_host"], **pk)
+    return single_device(batch, plan, topk, **kw)
+
+
+def check(torch, batch, phase, layout, world, topk, rng, max_kv, **kw):
+    o_ref, bi_ref = reference(batch, phase, topk, max_kv, **kw)
+    max_blocks = math.ceil(max_kv / 128)
+    o, bi = run_emulated(torch, batch, shards(torch, layout, world, batch, max_blocks, rng, batch['q'].device),
+                         phase, topk, **kw)
+    np.testing.assert_array_equal(bi.cpu().numpy(), bi_ref.cpu().numpy())
+    mt.assert_close(o.float().cpu().numpy(), o_ref.float().cpu().numpy())

@@ -2,8 +2,6 @@
 single-device one (msa.sparse_attention_layer's) and the LSE-merged output is within bf16 tolerance of it, for
 1, 2, 4 and 8 ranks, round-robin, contiguous uneven and arbitrary shards, ragged batches, prefixes, decode
 (one and several tokens per request) and prefill. Needs torch (skips without it, as in CI)."""
-import math
-
 import numpy as np
 import pytest
 
@@ -12,51 +10,10 @@ torch = pytest.importorskip("torch")
 import msa  # noqa: E402
 import msa.distributed as dist  # noqa: E402
 import msa_testing as mt  # noqa: E402
-from distributed_testing import make_batch, shards, single_device  # noqa: E402
+from distributed_testing import check, make_batch, reference, shards, single_device  # noqa: E402
 
 WORLDS = [1, 2, 4, 8]
 LAYOUTS = ["round_robin", "contiguous", "owner"]
-
-
-def run_emulated(batch, shard_list, phase, topk, *, force_begin=0, force_end=1, causal=True):
-    kw = dict(num_qo_heads=batch["hq"], num_kv_heads=batch["hkv"], head_dim=batch["head_dim"],
-              page_size=batch["page_size"], topk=topk)
-    steps, plans = [], []
-    for sh in shard_list:
-        table = dist.shard_page_table(batch["page_table"], sh, batch["page_size"])
-        if phase == "decode":
-            st = dist.DecodeStep(sh, table, batch["qo_indptr"], batch["kv_lens"], batch["q"].shape[0],
-                                 qo_offset=batch["qo_offset"], causal=causal)
-            plans.append(st.plan(**kw))
-        else:
-            st = dist.PrefillStep(sh, table, batch["qo_lens"], batch["kv_lens_host"],
-                                  qo_offset=batch["qo_offset_host"], causal=causal)
-            plans.append(st.plans(**kw))
-        steps.append(st)
-    k = [batch["k_cache"]] * len(steps)   # emulated ranks address one pool through their local tables
-    v = [batch["v_cache"]] * len(steps)
-    ki = [batch["k_index"]] * len(steps)
-    ks = None if batch["k_index_scale"] is None else [batch["k_index_scale"]] * len(steps)
-    return dist.emulate_layer(steps, plans, batch["q"], k, v, batch["q_index"], ki, topk, k_index_scales=ks,
-                              force_begin=force_begin, force_end=force_end)
-
-
-def reference(batch, phase, topk, max_kv, **kw):
-    pk = dict(num_qo_heads=batch["hq"], num_kv_heads=batch["hkv"], head_dim=batch["head_dim"],
-              page_size=batch["page_size"], topk=topk)
-    if phase == "decode":
-        plan = msa.plan_decode(len(batch["kv_lens_host"]), max(batch["qo_lens"]), max_kv, **pk)
-    else:
-        plan = msa.plan_prefill(batch["qo_lens"], batch["kv_lens_host"], qo_offset=batch["qo_offset_host"], **pk)
-    return single_device(batch, plan, topk, **kw)
-
-
-def check(batch, phase, layout, world, topk, rng, max_kv, **kw):
-    o_ref, bi_ref = reference(batch, phase, topk, max_kv, **kw)
-    max_blocks = math.ceil(max_kv / 128)
-    o, bi = run_emulated(batch, shards(torch, layout, world, batch, max_blocks, rng), phase, topk, **kw)
-    np.testing.assert_array_equal(bi.numpy(), bi_ref.numpy())
-    mt.assert_close(o.float().numpy(), o_ref.float().numpy())
 
 
 DECODE = dict(qo_lens=[1, 1, 3, 1, 2], kv_lens=[700, 1500, 129, 2000, 64])
@@ -66,7 +23,7 @@ DECODE = dict(qo_lens=[1, 1, 3, 1, 2], kv_lens=[700, 1500, 129, 2000, 64])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_decode(rng, world, layout):
     batch = make_batch(torch, rng, DECODE["qo_lens"], DECODE["kv_lens"])
-    check(batch, "decode", layout, world, 4, rng, max_kv=2048)
+    check(torch, batch, "decode", layout, world, 4, rng, max_kv=2048)
 
 
 PREFILL = dict(qo_lens=[200, 37, 300, 1], kv_lens=[900, 37, 1400, 513])
@@ -76,7 +33,7 @@ PREFILL = dict(qo_lens=[200, 37, 300, 1], kv_lens=[900, 37, 1400, 513])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_prefill(rng, world, layout):
     batch = make_batch(torch, rng, PREFILL["qo_lens"], PREFILL["kv_lens"])
-    check(batch, "prefill", layout, world, 4, rng, max_kv=1408)
+    check(torch, batch, "prefill", layout, world, 4, rng, max_kv=1408)
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
@@ -89,7 +46,7 @@ def test_forced_blocks_offsets_page128_fp8_index(rng, phase):
         qo, kv, off = [150, 60], [1100, 600], [500, 300]
     batch = make_batch(torch, rng, qo, kv, qo_offset=off, page_size=128, index_fp8=True)
     for world, layout in [(3, "round_robin"), (4, "contiguous"), (8, "owner")]:
-        check(batch, phase, layout, world, 5, rng, max_kv=1792, force_begin=1, force_end=2)
+        check(torch, batch, phase, layout, world, 5, rng, max_kv=1792, force_begin=1, force_end=2)
 
 
 def test_prefill_merge_chunks_equal_one_call(rng):
