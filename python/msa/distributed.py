@@ -276,7 +276,7 @@ def local_candidates(step, q_index, k_index, topk: int, *, k_scale=None):
         used = sel >= 0
         idx = sel.long().clamp(min=0)
         s = torch.where(used, torch.gather(scores, 2, idx), float("nan"))
-        req = step.req if rows is None else step_req_rows(step, rows)
+        req = step.req if rows is None else _request_of_rows(step, rows)
         g = torch.gather(shard.owned[req].long(), 1, idx.view(n, -1)).view(n, H, topk)
         g = torch.where(used, g, -1).to(torch.int32)
         if rows is None:
@@ -287,7 +287,7 @@ def local_candidates(step, q_index, k_index, topk: int, *, k_scale=None):
     return cand_s, cand_i
 
 
-def step_req_rows(step, rows):
+def _request_of_rows(step, rows):
     """The request of each of the given token rows of a PrefillStep."""
     return torch.searchsorted(step.qo_indptr[1:].long(), rows, right=True)
 
@@ -336,7 +336,7 @@ def local_block_idx(step, block_idx):
     """The global selection restricted to the rank's blocks, in local ids (-1 elsewhere), [T, H, topk]."""
     shard = step.shard
     T = block_idx.shape[0]
-    req = step.req if isinstance(step, DecodeStep) else step_req_rows(
+    req = step.req if isinstance(step, DecodeStep) else _request_of_rows(
         step, torch.arange(T, device=block_idx.device))
     g = block_idx.long()
     g = torch.where(g >= 0, g.clamp(max=shard.max_blocks), shard.max_blocks)
