@@ -150,7 +150,8 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
   }
 }
 
-// T: q's and o's type; KV: the cache's (T, or E4M3: fp8 tiles converted in shared memory, fp8_tile.cuh).
+// T: q's and o's type; KV: the cache's (T, or E4M3: K fragments read from the fp8 rows, V converted in shared
+// memory; fp8_tile.cuh).
 template <typename T, typename KV, bool kPushMerge>
 __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __grid_constant__ KernelParams kp) {
   constexpr int D = kTokenHeadDim;
