@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   using PT = PvType<T, KV>;                                   // P V's MMA type
   constexpr uint32_t kRowBytes = D * 2;                       // one 16-bit K / V / Q row
   constexpr uint32_t kTileBytes = kTokenTileKeys * kRowBytes;  // K (or V) of one 16-bit tile: 16 KB
-  constexpr uint32_t kStageBytes = 2 * kTileBytes;
+  [[maybe_unused]] constexpr uint32_t kStageBytes = 2 * kTileBytes;  // 16-bit stages only
   // The ring: kTokenStages 16-bit stages, or (fp8) the converted V tile and kTokenStagesFp8 fp8 stages in the
   // same bytes (fp8_tile.cuh).
   constexpr int kStages = kF8 ? kTokenStagesFp8 : kTokenStages;
