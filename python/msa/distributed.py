@@ -11,7 +11,7 @@ and the partial (o, lse) of all ranks are merged by LSE (msa.merge_states).
     shard = Shard.round_robin(rank, world, batch_size, max_blocks, device)   # or contiguous / from_owner
     step = DecodeStep(shard, local_page_table, qo_indptr, kv_lens, q.shape[0])  # once per forward step
     block_idx = sharded_indexer(group, step, q_index, local_k_index, topk)   # tensor parallel: the indexer
-    o = sharded_layer(group, step, plan, q, k_cache, v_cache, q_index, k_index)  # context parallel: the layer
+    o = sharded_layer(group, step, plan, q, k_cache, v_cache, q_index, k_index, topk)  # context parallel
 
 The exchanges are torch.distributed collectives (all_gather_into_tensor). The emulate_* functions run the same
 steps for N ranks in one process (tests, CPU). A DecodeStep and the decode calls read nothing on the host and
