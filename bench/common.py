@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from cli import add_output_options  # noqa: F401,E402  (re-exported for the benches)
+
 RESULTS = Path(__file__).resolve().parent / "results"  # the runs of record, <bench>.json / .md
 SCRATCH = Path(__file__).resolve().parent / "scratch"  # every other run when neither --out-dir nor $OUT is given
 
@@ -216,15 +218,6 @@ def row(workload, shape, pattern, impl, us, *, tflops=None, gbps=None, ceil=None
          "ratio": None if ratio is None else round(ratio, 4), "max_err": max_err}
     r.update(extra)
     return r
-
-
-def add_output_options(ap) -> None:
-    """The options that choose where a run's rows go (see the module docstring)."""
-    ap.add_argument("--record", action="store_true",
-                    help="the run of record: default options only; writes bench/results/<bench>.json and .md "
-                         "(and a copy under $OUT when set)")
-    ap.add_argument("--out-dir", default=None,
-                    help="folder of a run that is not the record (default $OUT, else bench/scratch)")
 
 
 def check_record(ap, args) -> None:

@@ -41,6 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli  # noqa: E402  (bench/cli.py: no torch)
+
 BLOCK = 128
 D = 128
 TOPK = 16
@@ -100,15 +103,7 @@ def index_key_bytes(kv_lens, *, dim: int = D, elem_bytes: int = 1) -> int:
 
 def load_gpu_modules():
     global torch, common, msa, fi, decode
-    try:
-        import torch as torch_module
-    except ImportError:
-        sys.exit("bench/flashinfer_api.py: needs torch with CUDA (and msa built with CUDA on PYTHONPATH)")
-    torch = torch_module
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import common as common_module
-    common = common_module
-    common.main_guard()
+    torch, common = cli.load_torch_and_common("bench/flashinfer_api.py")
     import msa as msa_module
     import msa.flashinfer as fi_module
     import decode as decode_module  # bench/decode.py: the `random` selection
@@ -293,11 +288,7 @@ def main():
                     help="workloads to run, comma- or space-separated (D-B64, D-B1, P-chunk)")
     ap.add_argument("--iters", type=int, default=None, help="timed calls or graph replays (default 10 quick, 30)")
     ap.add_argument("--reps", type=int, default=None, help="host-time repetitions (default 50 quick, 200)")
-    ap.add_argument("--record", action="store_true",
-                    help="the run of record: default options only; writes bench/results/flashinfer_api.json and "
-                         ".md (and a copy under $OUT when set)")
-    ap.add_argument("--out-dir", default=None,
-                    help="folder of a run that is not the record (default $OUT, else bench/scratch)")
+    cli.add_output_options(ap, "flashinfer_api")
     args = ap.parse_args()
     load_gpu_modules()
     common.check_record(ap, args)

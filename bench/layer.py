@@ -39,6 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli  # noqa: E402  (bench/cli.py: no torch)
+
 BLOCK = 128  # tokens per block and per page
 D = 128      # head dim of q, K, V and of the index keys
 TOPK = 16
@@ -100,15 +103,7 @@ def selection_recall(ref_idx, got_idx) -> float:
 
 def load_gpu_modules():
     global torch, common, msa
-    try:
-        import torch as torch_module
-    except ImportError:
-        sys.exit("bench/layer.py: needs torch with CUDA (and msa built with CUDA on PYTHONPATH)")
-    torch = torch_module
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import common as common_module
-    common = common_module
-    common.main_guard()
+    torch, common = cli.load_torch_and_common("bench/layer.py")
     import msa as msa_module
     msa = msa_module
 
@@ -358,11 +353,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only the two M3-TP1 B=64 rows (bf16 and fp8)")
     ap.add_argument("--iters", type=int, default=30, help="graph replays timed per figure")
-    ap.add_argument("--record", action="store_true",
-                    help="the run of record: default options only; writes bench/results/layer.json and .md "
-                         "(and a copy under $OUT when set)")
-    ap.add_argument("--out-dir", default=None,
-                    help="folder of a run that is not the record (default $OUT, else bench/scratch)")
+    cli.add_output_options(ap, "layer")
     args = ap.parse_args()
     load_gpu_modules()
     common.check_record(ap, args)

@@ -49,6 +49,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli  # noqa: E402  (bench/cli.py: no torch)
+
 BLOCK = 128            # tokens per block and per page
 D = 128                # head dim of q, K, V and of the index keys
 TOPK = 16
@@ -109,15 +112,7 @@ def exchange_bytes(world: int, tokens: int, *, heads: int = INDEX_HEADS, topk: i
 
 def load_gpu_modules():
     global torch, common, msa, mdist, indexer
-    try:
-        import torch as torch_module
-    except ImportError:
-        sys.exit("bench/sharded.py: needs torch with CUDA (and msa built with CUDA on PYTHONPATH)")
-    torch = torch_module
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import common as common_module
-    common = common_module
-    common.main_guard()
+    torch, common = cli.load_torch_and_common("bench/sharded.py")
     import msa as msa_module
     import msa.distributed as mdist_module
     import indexer as indexer_module  # bench/indexer.py: the I-step-D-B64 data
@@ -498,7 +493,7 @@ def main():
     ap.add_argument("--single-gpu", action="store_true", help="leave out the gpus=2 rows even with two GPUs")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one rank under torchrun
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
-    common_output_options(ap)
+    cli.add_output_options(ap, "sharded")
     args = ap.parse_args()
     load_gpu_modules()
     if not args.worker:
@@ -524,13 +519,6 @@ def main():
     common.write_results("sharded", ceil, rows, args.out_dir, record=args.record, note=note)
 
 
-def common_output_options(ap):
-    """bench/common.py's --record / --out-dir (declared here: --help needs no torch)."""
-    ap.add_argument("--record", action="store_true",
-                    help="the run of record: default options only; writes bench/results/sharded.json and .md "
-                         "(and a copy under $OUT when set)")
-    ap.add_argument("--out-dir", default=None,
-                    help="folder of a run that is not the record (default $OUT, else bench/scratch)")
 
 
 if __name__ == "__main__":
