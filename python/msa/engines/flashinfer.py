@@ -61,7 +61,7 @@ torch = require_torch("msa.flashinfer", "serves FlashInfer's msa_ops API on torc
 
 from .. import torch_ops  # noqa: E402
 from ..plan import plan_decode, plan_prefill  # noqa: E402
-from .fmha_sm100 import _cpu_blocks_past_end_as_empty  # noqa: E402
+from .fmha_sm100 import _cpu_blocks_past_end_as_empty, sparse_topk_select  # noqa: E402
 
 __all__ = [
     "msa_proxy_score",
@@ -324,11 +324,8 @@ def msa_topk_select(
                          f"{output.dtype} {tuple(output.shape)}")
     if total_q == 0:
         return output
-    # Every token is a request of its own whose keys end at its extent (non-causal: all its blocks valid).
-    qo_indptr = torch.arange(total_q + 1, dtype=torch.int32, device=dev)
-    at_zero = torch.zeros((total_q,), dtype=torch.int32, device=dev)  # the default kv_len - 1 is -1 for kv_len 0
-    sel = torch_ops.select_topk(max_score, qo_indptr, valid * BLOCK, topk, qo_offset=at_zero, layout="HKT",
-                                force_begin=fb, force_end=fe, causal=False)
+    # fmha_sm100's selection (every token a non-causal request over its extent), then FlashInfer's rule below.
+    sel = sparse_topk_select(max_score, topk, num_valid_pages=valid, force_begin_blocks=fb, force_end_blocks=fe)
     # msa ranks -inf like any score: drop non-finite picks that are not forced, then re-pack ascending.
     picked = max_score.permute(2, 0, 1).gather(2, sel.clamp_min(0).to(torch.int64))
     forced = (sel < fb) | (sel >= (valid - fe).view(-1, 1, 1))
