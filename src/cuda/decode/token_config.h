@@ -10,14 +10,23 @@
 
 namespace msa::detail::cuda::decode {
 
+// One 64-key tile of the CTA's share of the list: element offsets of its first K and V rows (page,
+// offset in the page, KV head folded in) and how many of its keys are visible (1..64).
+struct TokenTile {
+  int64_t k_off;
+  int64_t v_off;
+  int32_t visible;
+  int32_t pad;
+};
+
 constexpr int kTokenThreads = 128;   // 4 warps: 16 keys each for Q K^T, 32 head dims each for P V
 constexpr int kTokenRows = 16;       // MMA rows: the query heads of one KV head (G <= 16, zero-padded)
 constexpr int kTokenHeadDim = 128;
 constexpr int kTokenTileKeys = 64;   // keys per pipeline stage: a page of >= 64 keys holds a whole tile
 constexpr int kTokenStages = 3;
-// fp8 K/V: the converted V tile (16 KB, fp8_tile.cuh) and 5 fp8 stages of 16 KB in the bytes of the 16-bit
-// ring: 80 KB in flight per CTA, as 5 x 64 keys.
-constexpr int kTokenStagesFp8 = 5;
+// fp8 K/V: 6 fp8 stages of 16 KB in the bytes of the 16-bit ring (token_fp8_loop.cuh): 80 KB in flight per
+// CTA, as 5 x 64 keys.
+constexpr int kTokenStagesFp8 = 6;
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
 // MTP: tokens per request (grid.x = batch x max_qo_len rounded up to a power of two, one CTA or cluster
@@ -32,7 +41,7 @@ constexpr uint32_t kTokenSmemP = kTokenSmemQ + kTokenRows * kTokenHeadDim * 2u;
 constexpr uint32_t kTokenSmemRedMax = kTokenSmemP + kTokenRows * kTokenTileKeys * 2u;
 constexpr uint32_t kTokenSmemRedSum = kTokenSmemRedMax + 4u * kTokenRows * 4u;
 constexpr uint32_t kTokenSmemTiles = kTokenSmemRedSum + 4u * kTokenRows * 4u;
-constexpr uint32_t kTokenSmemCount = kTokenSmemTiles + 2u * kTokenMaxTopk * 24u;
+constexpr uint32_t kTokenSmemCount = kTokenSmemTiles + 2u * kTokenMaxTopk * static_cast<uint32_t>(sizeof(TokenTile));
 constexpr uint32_t kTokenSmemBytes = kTokenSmemCount + 16u;
 // The push merge (the default, token_kernel.cuh) adds, past the above, its barrier, the lse values the
 // other splits send, the merge weights of the owned rows (at most 8 rows when S >= 2: 16 split weights
@@ -54,8 +63,7 @@ constexpr uint32_t kTokenSmemPushBytes = kTokenSmemRecvO + kTokenRecvRows * kTok
 
 static_assert(kTokenRows * kTokenHeadDim * 4u + kTokenRows * 4u <= kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
               "the merge rows fit the stage memory");
-static_assert(kTokenTileKeys * kTokenHeadDim * 2u + kTokenStagesFp8 * 2u * kTokenTileKeys * kTokenHeadDim <=
-                  kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
+static_assert(kTokenStagesFp8 * 2u * kTokenTileKeys * kTokenHeadDim <= kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
               "the fp8 ring fits the 16-bit ring's bytes");
 static_assert(kTokenSmemTiles % 8 == 0, "tile records hold int64 offsets");
 static_assert(kTokenSmemMergeBar % 8 == 0 && kTokenSmemRecvO % 16 == 0, "barrier and row alignment");

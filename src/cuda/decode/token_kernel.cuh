@@ -44,18 +44,11 @@
 #include "cuda/decode/request.cuh"
 #include "cuda/decode/split_merge.cuh"
 #include "cuda/decode/token_config.h"
+#include "cuda/decode/token_fp8_loop.cuh"
+#include "cuda/decode/token_logits.cuh"
 #include "cuda/decode/token_trace.cuh"
 
 namespace msa::detail::cuda::decode {
-
-// One 64-key tile of the CTA's share of the list: element offsets of its first K and V rows (page,
-// offset in the page, KV head folded in) and how many of its keys are visible (1..64).
-struct TokenTile {
-  int64_t k_off;
-  int64_t v_off;
-  int32_t visible;
-  int32_t pad;
-};
 
 // The push merge (kPushMerge, S > 1; D-B1 10.24 -> 8.42 us against the pull merge, same run). The pull
 // merge of split_merge.cuh costs two cluster barriers: every CTA waits for the slowest split, reads the
@@ -150,8 +143,8 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
   }
 }
 
-// T: q's and o's type; KV: the cache's (T, or E4M3: K fragments read from the fp8 rows, V converted in shared
-// memory; fp8_tile.cuh).
+// T: q's and o's type; KV: the cache's (T, or E4M3: the tile loop of token_fp8_loop.cuh, K and V fragments
+// read straight from the fp8 rows).
 template <typename T, typename KV, bool kPushMerge>
 __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __grid_constant__ KernelParams kp) {
   constexpr int D = kTokenHeadDim;
@@ -160,8 +153,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   constexpr uint32_t kRowBytes = D * 2;                       // one 16-bit K / V / Q row
   constexpr uint32_t kTileBytes = kTokenTileKeys * kRowBytes;  // K (or V) of one 16-bit tile: 16 KB
   [[maybe_unused]] constexpr uint32_t kStageBytes = 2 * kTileBytes;  // 16-bit stages only
-  // The ring: kTokenStages 16-bit stages, or (fp8) the converted V tile and kTokenStagesFp8 fp8 stages in the
-  // same bytes (fp8_tile.cuh).
+  // The ring: kTokenStages 16-bit stages, or kTokenStagesFp8 fp8 stages in the same bytes.
   constexpr int kStages = kF8 ? kTokenStagesFp8 : kTokenStages;
   constexpr uint32_t kLoadRowBytes = D * sizeof(KV);
   constexpr uint32_t kLoadStageBytes = 2 * kTokenTileKeys * kLoadRowBytes;
@@ -178,8 +170,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const int b = static_cast<int>(blockIdx.x >> kp.tq_shift), ti = static_cast<int>(blockIdx.x & ((1u << kp.tq_shift) - 1u));
   // A full batch of TQ tokens per request has request b's token ti at row x_cta.
   const int64_t x_cta = static_cast<int64_t>(b) * TQ + ti;
-  const uint32_t s_conv = arch::smem_addr(smem) + kTokenSmemStages;  // fp8: the converted V tile
-  const uint32_t s_stages = s_conv + (kF8 ? kTileBytes : 0);
+  const uint32_t s_stages = arch::smem_addr(smem) + kTokenSmemStages;
   const uint32_t s_q = arch::smem_addr(smem) + kTokenSmemQ;
   const uint32_t s_p = arch::smem_addr(smem) + kTokenSmemP;
   float* red_max = reinterpret_cast<float*>(smem + kTokenSmemRedMax);  // [warp][row]
@@ -371,37 +362,40 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   MSA_TRACE_MARK(3, n_tiles);  // the sorted list and the tiles, in every warp
 
   // ---- 3. K/V tiles through a cp.async ring of kStages stages -----------------------------------------
-  // Thread (row r0 + 16i, chunks t8 and t8 + 8; fp8: chunk t8 of a 128-byte row): each instruction moves
-  // 128 contiguous bytes of a row; rows past the tile's visible keys are zero-filled (nothing read), so
-  // P = 0 meets V = 0 there. 16-bit rows land swizzled, fp8 K rows too (for load_k_row_fp8), fp8 V rows as
-  // they are (for load_fp8_rows).
+  // 16-bit: thread (row r0 + 16i, chunks t8 and t8 + 8): each instruction moves 128 contiguous bytes of a row;
+  // rows past the tile's visible keys are zero-filled (nothing read), so P = 0 meets V = 0 there. Rows land
+  // swizzled. fp8: each warp copies its own rows (Fp8TileCopy, token_fp8_loop.cuh).
   const KV* kg = static_cast<const KV*>(p.k.data);
   const KV* vg = static_cast<const KV*>(p.v.data);
+  [[maybe_unused]] const Fp8TileCopy copy_fp8(p.k.data, p.v.data, p.k.stride_token, p.v.stride_token, s_stages);
   const int r0 = tid >> 3, t8 = tid & 7;
-  constexpr int kRowChunks = kLoadRowBytes / 128;  // 128-byte pieces of a row: 2, or 1 (fp8)
+  constexpr int kRowChunks = kLoadRowBytes / 128;  // 128-byte pieces of a row
   constexpr int kChunkElems = 16 / sizeof(KV);
   const uint32_t ld_dst = r0 * kLoadRowBytes + ((t8 ^ (r0 & 7)) << 4);
-  const uint32_t ld_dst_v = kF8 ? r0 * kLoadRowBytes + t8 * 16 + kTokenTileKeys * kLoadRowBytes : ld_dst + kTileBytes;
   const auto issue = [&](int x, int stage) {
-    if (x < n_tiles) {
-      const TokenTile t = tiles[x];
-      const uint32_t ks = s_stages + stage * kLoadStageBytes + ld_dst, vs = s_stages + stage * kLoadStageBytes + ld_dst_v;
-      const KV* kr = kg + t.k_off + t8 * kChunkElems;
-      const KV* vr = vg + t.v_off + t8 * kChunkElems;
+    if constexpr (kF8) {
+      copy_fp8(tiles, n_tiles, x, stage);
+    } else {
+      if (x < n_tiles) {
+        const TokenTile t = tiles[x];
+        const uint32_t ks = s_stages + stage * kLoadStageBytes + ld_dst, vs = ks + kTileBytes;
+        const KV* kr = kg + t.k_off + t8 * kChunkElems;
+        const KV* vr = vg + t.v_off + t8 * kChunkElems;
 #pragma unroll
-      for (int i = 0; i < kTokenTileKeys / 16; ++i) {
-        const int r = r0 + 16 * i;
-        const bool fill = r < t.visible;
-        const KV* krow = fill ? kr + r * p.k.stride_token : kg;
-        const KV* vrow = fill ? vr + r * p.v.stride_token : vg;
+        for (int i = 0; i < kTokenTileKeys / 16; ++i) {
+          const int r = r0 + 16 * i;
+          const bool fill = r < t.visible;
+          const KV* krow = fill ? kr + r * p.k.stride_token : kg;
+          const KV* vrow = fill ? vr + r * p.v.stride_token : vg;
 #pragma unroll
-        for (int c = 0; c < kRowChunks; ++c) {
-          arch::cp_async_16_pred(ks + 16 * i * kLoadRowBytes + c * 128, krow + (fill ? c * 8 * kChunkElems : 0), fill);
-          arch::cp_async_16_pred(vs + 16 * i * kLoadRowBytes + c * 128, vrow + (fill ? c * 8 * kChunkElems : 0), fill);
+          for (int c = 0; c < kRowChunks; ++c) {
+            arch::cp_async_16_pred(ks + 16 * i * kLoadRowBytes + c * 128, krow + (fill ? c * 8 * kChunkElems : 0), fill);
+            arch::cp_async_16_pred(vs + 16 * i * kLoadRowBytes + c * 128, vrow + (fill ? c * 8 * kChunkElems : 0), fill);
+          }
         }
       }
+      arch::cp_async_commit();  // empty groups too: the wait counts stay uniform
     }
-    arch::cp_async_commit();  // empty groups too: the wait counts stay uniform
   };
 #pragma unroll
   for (int x = 0; x < kStages - 1; ++x) issue(x, x);
@@ -460,43 +454,31 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
 
   // ---- 4. per tile: S = Q K^T (16 keys per warp), softmax across the warps, O += P V (32 dims per warp) -
+  // (fp8: token_fp8_loop.cuh, every warp its own 16 keys of a tile for both products)
   const int row0 = lane >> 2;                     // this thread's rows: row0 and row0 + 8
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   float o[4][4];
 #pragma unroll
   for (int n = 0; n < 4; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  int stage = 0, issue_stage = kStages - 1;
-  for (int x = 0; x < n_tiles; ++x) {
-    arch::cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile x landed for all; every warp is done with tile x-1 (its stage, P, sums)
-    issue(x + kStages - 1, issue_stage);
-    issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
-    const uint32_t ks = s_stages + stage * kLoadStageBytes;
-    const uint32_t vs = kF8 ? s_conv : ks + kTileBytes;
-    stage = stage == kStages - 1 ? 0 : stage + 1;
-    const int visible = tiles[x].visible;
-    if (x < 8) MSA_TRACE_MARK(4 + x, visible);  // tile x landed
+  if constexpr (kF8) {
+    token_tile_loop_fp8(copy_fp8, tiles, n_tiles, reinterpret_cast<float*>(smem + kTokenSmemStages), red_max, red_sum,
+                        qa, logit_scale, o, m_run, l_run);
+  } else {
+    int stage = 0, issue_stage = kStages - 1;
+    for (int x = 0; x < n_tiles; ++x) {
+      arch::cp_async_wait<kStages - 2>();
+      __syncthreads();  // tile x landed for all; every warp is done with tile x-1 (its stage, P, sums)
+      issue(x + kStages - 1, issue_stage);
+      issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
+      const uint32_t ks = s_stages + stage * kLoadStageBytes;
+      const uint32_t vs = ks + kTileBytes;
+      stage = stage == kStages - 1 ? 0 : stage + 1;
+      const int visible = tiles[x].visible;
+      if (x < 8) MSA_TRACE_MARK(4 + x, visible);  // tile x landed
 
-    float s[2][4];
+      float s[2][4];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-    if constexpr (kF8) {
-      // Shared loads first (they keep program order): this thread's two K rows, then its V chunks; the
-      // K MMAs; then V converted to fp16 while they run (the previous tile's P V reads of s_conv are done:
-      // the barrier above; the softmax's first barrier below orders these stores before this tile's P V).
-      const int kr = warp * 16 + row0;  // this thread's key rows: kr (n-tile 0) and kr + 8 (n-tile 1)
-      const KRowFp8 k0 = load_k_row_fp8(ks + kr * kLoadRowBytes, lane & 3, kr & 7);
-      const KRowFp8 k1 = load_k_row_fp8(ks + (kr + 8) * kLoadRowBytes, lane & 3, kr & 7);
-      Fp8Rows<D, kTokenTileKeys, kTokenThreads> v8;
-      load_fp8_rows(ks + kTokenTileKeys * kLoadRowBytes, tid, v8);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint2 b0 = k_fragment_fp8(k0, kk), b1 = k_fragment_fp8(k1, kk);
-        arch::mma_m16n8k16<__half>(s[0], qa[kk], b0.x, b0.y);
-        arch::mma_m16n8k16<__half>(s[1], qa[kk], b1.x, b1.y);
-      }
-      store_fp8_rows_as<__half>(s_conv, tid, v8);
-    } else {
+      for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
       const int mi = lane >> 3, kr = warp * 16 + (mi >> 1) * 8 + (lane & 7);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -505,89 +487,77 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         arch::mma_m16n8k16<T>(s[0], qa[kk], bk[0], bk[1]);
         arch::mma_m16n8k16<T>(s[1], qa[kk], bk[2], bk[3]);
       }
-    }
-    // Logits in the exp2 domain; keys past `visible` are -inf. Row maxima of this warp's 16 keys.
-    float mx[2] = {-INFINITY, -INFINITY};
+      // Logits in the exp2 domain; keys past `visible` are -inf. Row maxima of this warp's 16 keys.
+      float mx[2];
+      scale_logits_row_max(s, warp, lane, visible, logit_scale, mx);
+      if ((lane & 3) == 0) {
+        red_max[warp * 16 + row0] = mx[0];
+        red_max[warp * 16 + row0 + 8] = mx[1];
+      }
+      __syncthreads();
+      float base[2], alpha[2], sum[2];
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+      for (int j = 0; j < 2; ++j) {
+        float m = m_run[j];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = warp * 16 + n * 8 + 2 * (lane & 3) + (e & 1);
-        s[n][e] = key < visible ? s[n][e] * logit_scale[e >> 1] : -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        for (int w = 0; w < 4; ++w) m = fmaxf(m, red_max[w * 16 + row0 + 8 * j]);
+        base[j] = m == -INFINITY ? 0.f : m;  // a row that has seen nothing stays at p = 0
+        alpha[j] = arch::exp2_approx(m_run[j] - base[j]);
+        m_run[j] = m;
+        sum[j] = 0.f;
+      }
+      // P (bf16 / fp16) to shared memory, [16 rows][64 keys], 16-byte chunks swizzled by row.
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const float p0 = arch::exp2_approx(s[n][0] - base[0]), p1 = arch::exp2_approx(s[n][1] - base[0]);
+        const float p2 = arch::exp2_approx(s[n][2] - base[1]), p3 = arch::exp2_approx(s[n][3] - base[1]);
+        sum[0] += p0 + p1;
+        sum[1] += p2 + p3;
+        const int key = warp * 16 + n * 8 + 2 * (lane & 3), chunk = key >> 3;
+        const uint32_t at0 = s_p + row0 * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
+        const uint32_t at1 = s_p + (row0 + 8) * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
+        arch::st_shared_b32(at0, arch::pack2<PT>(p0, p1));
+        arch::st_shared_b32(at1, arch::pack2<PT>(p2, p3));
       }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFull, mx[j], 1));
-      mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFull, mx[j], 2));
-    }
-    if ((lane & 3) == 0) {
-      red_max[warp * 16 + row0] = mx[0];
-      red_max[warp * 16 + row0 + 8] = mx[1];
-    }
-    __syncthreads();
-    float base[2], alpha[2], sum[2];
+      for (int j = 0; j < 2; ++j) {
+        sum[j] += __shfl_xor_sync(kFull, sum[j], 1);
+        sum[j] += __shfl_xor_sync(kFull, sum[j], 2);
+      }
+      if ((lane & 3) == 0) {
+        red_sum[warp * 16 + row0] = sum[0];
+        red_sum[warp * 16 + row0 + 8] = sum[1];
+      }
+      __syncthreads();
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      float m = m_run[j];
+      for (int j = 0; j < 2; ++j) {
+        float t = 0.f;
 #pragma unroll
-      for (int w = 0; w < 4; ++w) m = fmaxf(m, red_max[w * 16 + row0 + 8 * j]);
-      base[j] = m == -INFINITY ? 0.f : m;  // a row that has seen nothing stays at p = 0
-      alpha[j] = arch::exp2_approx(m_run[j] - base[j]);
-      m_run[j] = m;
-      sum[j] = 0.f;
-    }
-    // P (bf16 / fp16) to shared memory, [16 rows][64 keys], 16-byte chunks swizzled by row.
+        for (int w = 0; w < 4; ++w) t += red_sum[w * 16 + row0 + 8 * j];
+        l_run[j] = l_run[j] * alpha[j] + t;
+      }
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const float p0 = arch::exp2_approx(s[n][0] - base[0]), p1 = arch::exp2_approx(s[n][1] - base[0]);
-      const float p2 = arch::exp2_approx(s[n][2] - base[1]), p3 = arch::exp2_approx(s[n][3] - base[1]);
-      sum[0] += p0 + p1;
-      sum[1] += p2 + p3;
-      const int key = warp * 16 + n * 8 + 2 * (lane & 3), chunk = key >> 3;
-      const uint32_t at0 = s_p + row0 * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
-      const uint32_t at1 = s_p + (row0 + 8) * 128 + ((chunk ^ (row0 & 7)) << 4) + (key & 7) * 2;
-      arch::st_shared_b32(at0, arch::pack2<PT>(p0, p1));
-      arch::st_shared_b32(at1, arch::pack2<PT>(p2, p3));
-    }
+      for (int n = 0; n < 4; ++n) {
+        o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+      }
+      {
+        const int mi = lane >> 3;
+        const int pr = (mi & 1) * 8 + (lane & 7);        // P row of this lane's ldmatrix address
+        const int vr = (mi & 1) * 8 + (lane & 7);        // V key row (within the k-step)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      sum[j] += __shfl_xor_sync(kFull, sum[j], 1);
-      sum[j] += __shfl_xor_sync(kFull, sum[j], 2);
-    }
-    if ((lane & 3) == 0) {
-      red_sum[warp * 16 + row0] = sum[0];
-      red_sum[warp * 16 + row0 + 8] = sum[1];
-    }
-    __syncthreads();
+        for (int kk = 0; kk < kTokenTileKeys / 16; ++kk) {
+          uint32_t pa[4];
+          arch::ldmatrix_x4(pa, s_p + pr * 128 + (((2 * kk + (mi >> 1)) ^ (pr & 7)) << 4));
+          const int key = kk * 16 + vr;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      float t = 0.f;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) t += red_sum[w * 16 + row0 + 8 * j];
-      l_run[j] = l_run[j] * alpha[j] + t;
-    }
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    }
-    {
-      const int mi = lane >> 3;
-      const int pr = (mi & 1) * 8 + (lane & 7);        // P row of this lane's ldmatrix address
-      const int vr = (mi & 1) * 8 + (lane & 7);        // V key row (within the k-step)
-#pragma unroll
-      for (int kk = 0; kk < kTokenTileKeys / 16; ++kk) {
-        uint32_t pa[4];
-        arch::ldmatrix_x4(pa, s_p + pr * 128 + (((2 * kk + (mi >> 1)) ^ (pr & 7)) << 4));
-        const int key = kk * 16 + vr;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t bv[4];
-          const int chunk = warp * 4 + 2 * h + (mi >> 1);
-          arch::ldmatrix_x4_trans(bv, vs + key * kRowBytes + ((chunk ^ (key & 7)) << 4));
-          arch::mma_m16n8k16<PT>(o[2 * h], pa, bv[0], bv[1]);
-          arch::mma_m16n8k16<PT>(o[2 * h + 1], pa, bv[2], bv[3]);
+          for (int h = 0; h < 2; ++h) {
+            uint32_t bv[4];
+            const int chunk = warp * 4 + 2 * h + (mi >> 1);
+            arch::ldmatrix_x4_trans(bv, vs + key * kRowBytes + ((chunk ^ (key & 7)) << 4));
+            arch::mma_m16n8k16<PT>(o[2 * h], pa, bv[0], bv[1]);
+            arch::mma_m16n8k16<PT>(o[2 * h + 1], pa, bv[2], bv[3]);
+          }
         }
       }
     }
@@ -601,7 +571,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     const bool seen = l_run[j] > 0.f;
     // l >= 1 when seen (the running max's key adds exp2(0) = 1), so MUFU.RCP / MUFU.LG2 are within 2 ulp
     // and the IEEE paths' range checks and slow-path calls are left out.
-    inv[j] = seen ? __fdividef(1.f, l_run[j]) * p.v_scale : 0.f;  // V's dequantization scale too
+    // V's dequantization scale too, and (fp8) the raw widening's factor (fp8.cuh)
+    inv[j] = seen ? __fdividef(1.f, l_run[j]) * (kF8 ? p.v_scale * arch::e4m3_f16_unscale() : p.v_scale) : 0.f;
     lse[j] = seen ? (m_run[j] + __log2f(l_run[j])) * kLn2 : -INFINITY;
   }
   T* og = static_cast<T*>(p.o) + q0 * p.o_stride_token + static_cast<int64_t>(g) * G * p.o_stride_head;

@@ -1,0 +1,239 @@
+// The single-token kernel's tile loop for fp8 e4m3 K/V: every warp an independent pipeline.
+//
+// The 16-bit loop splits a 64-key tile 16 keys apiece for S = Q K^T and 32 head dims apiece for O += P V, so
+// each tile costs three CTA barriers (the tile landed, the row maxima, the row sums and P). With fp8 K/V a tile
+// is half the bytes and the stream of tiles twice as fast, and that chain, not the memory, set the pace: 0.75
+// of the copy ceiling at M3-TP1 D-B64 with 1.9 active warps per scheduler, the issue slots 39% busy.
+// Here warp w owns keys 16w .. 16w + 15 of every tile for both products, with its own softmax state:
+//  * it copies its own 16 K and 16 V rows (cp.async), so a tile needs a warp barrier only;
+//  * S (16 heads x its 16 keys) stays in registers and becomes P V's A operand directly (the key order of S's
+//    columns is the k order of P V's rows);
+//  * P V sums over its 16 keys for all 128 dims (16 n-tiles). Both products sum in any order, so V's dims take
+//    a permuted order as K's do: n-tile j, column c is dim 16c + j, and thread (g, t) needs bytes
+//    [16g, 16g + 16) of V rows 2t, 2t + 1, 2t + 8, 2t + 9: four 16-byte loads, byte pairs of two rows joined by
+//    PRMT and widened by one e4m3 -> fp16 instruction per pair. V never goes through a converted copy.
+//  * a row's softmax base moves only when a new maximum passes it by more than kTokenFp8RescaleSlack (2^8 in
+//    p, as FlashAttention-3 does): P then lies in [0, 2^8], exact enough in fp16, and the rescale of the 64
+//    accumulators per thread is skipped by the whole warp on most tiles.
+// After the last tile the four warps' states are merged once through shared memory into the 16-bit loop's
+// register layout (o[n] = dims 32w + 8n + 2t + {0, 1}), so the normalization and the split merges are shared.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/arch/fast_math.cuh"
+#include "cuda/arch/fp8.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/sm80.cuh"
+#include "cuda/decode/fp8_tile.cuh"
+#include "cuda/decode/token_config.h"
+#include "cuda/decode/token_logits.cuh"
+
+namespace msa::detail::cuda::decode {
+
+// The merge buffer's row stride in floats: 161 = 1 (mod 32) with 8 floats of padding per 32 dims, so that the
+// 32 lanes of a warp writing one (j, e) of their rows (dims 32t + 16e + j of rows g) hit 32 distinct banks.
+constexpr int kTokenFp8MergeStride = 161;
+static_assert(4 * kTokenRows * kTokenFp8MergeStride * 4 <= kTokenStagesFp8 * 2 * kTokenTileKeys * kTokenHeadDim,
+              "the warps' states fit the ring");
+
+__device__ __forceinline__ int token_fp8_merge_at(int row, int dim) { return row * kTokenFp8MergeStride + dim + 8 * (dim >> 5); }
+
+constexpr float kTokenFp8RescaleSlack = 8.f;  // log2 of P's bound
+
+// This warp's rows of a tile into an fp8 stage: K rows 16w + lane / 8 + 4i (i < 4) at the stage's start, V
+// rows at +8 KB, 128 bytes each with chunk c of row r at (c ^ (r % 8)) * 16; this lane moves chunk lane % 8
+// of each. Rows past the tile's visible keys are zero-filled (nothing read): P = 0 meets V = 0 there. Per lane
+// the row offsets are fixed, so a tile costs a 64-bit add per row.
+struct Fp8TileCopy {
+  const uint8_t* k;  // this lane's chunk of its first row, tile offsets to be added
+  const uint8_t* v;
+  int64_t k_step, v_step;  // 4 rows
+  uint32_t ring;           // the ring's shared address
+  uint32_t dst;            // ring + the offset of this lane's first K chunk in a stage
+  int row;                 // this lane's first row in the tile
+  __device__ __forceinline__ Fp8TileCopy(const void* kg, const void* vg, int64_t k_stride_token, int64_t v_stride_token,
+                                         uint32_t stages) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = lane & 7;
+    row = warp * 16 + (lane >> 3);
+    k = static_cast<const uint8_t*>(kg) + row * k_stride_token + c * 16;
+    v = static_cast<const uint8_t*>(vg) + row * v_stride_token + c * 16;
+    k_step = 4 * k_stride_token, v_step = 4 * v_stride_token;
+    ring = stages;
+    dst = stages + row * kTokenHeadDim + ((c ^ (row & 7)) << 4);
+  }
+  // Tile x (when x < n_tiles) into ring stage `stage`; one commit always (the wait counts stay uniform).
+  __device__ __forceinline__ void operator()(const TokenTile* tiles, int n_tiles, int x, int stage) const {
+    if (x < n_tiles) {
+      const TokenTile t = tiles[x];
+      const uint32_t st = dst + stage * (2 * kTokenTileKeys * kTokenHeadDim);
+      const uint8_t* kr = k + t.k_off;
+      const uint8_t* vr = v + t.v_off;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool fill = row + 4 * i < t.visible;  // else zeros, and the source is not read (ignore-src)
+        // Row + 4 has swizzle (row % 8) ^ 4 (row % 8 < 4): bit 6 of the chunk offset flips on odd i.
+        const uint32_t at = (st ^ ((i & 1) << 6)) + i * 4 * kTokenHeadDim;
+        arch::cp_async_16_pred(at, kr, fill);
+        arch::cp_async_16_pred(at + kTokenTileKeys * kTokenHeadDim, vr, fill);
+        kr += k_step, vr += v_step;
+      }
+    }
+    arch::cp_async_commit();
+  }
+};
+
+// V's B fragments of n-tiles 4u .. 4u + 3 from word u of the two row pairs' chunks (rows a0, a1 -> b0; rows
+// c0, c1 -> b1): bytes i of two rows joined (PRMT), then widened (values / e4m3_f16_unscale()).
+__device__ __forceinline__ void v_fragments_fp8(uint32_t a0, uint32_t a1, uint32_t c0, uint32_t c1, uint2 (&b0)[2],
+                                                uint2 (&b1)[2]) {
+  const uint2 lo0 = arch::e4m3x4_to_f16x4_raw(__byte_perm(a0, a1, 0x5140));  // n-tiles 4u, 4u + 1
+  const uint2 hi0 = arch::e4m3x4_to_f16x4_raw(__byte_perm(a0, a1, 0x7362));  // 4u + 2, 4u + 3
+  const uint2 lo1 = arch::e4m3x4_to_f16x4_raw(__byte_perm(c0, c1, 0x5140));
+  const uint2 hi1 = arch::e4m3x4_to_f16x4_raw(__byte_perm(c0, c1, 0x7362));
+  b0[0] = lo0, b0[1] = hi0, b1[0] = lo1, b1[1] = hi1;
+}
+
+// The tile loop over the ring that `copy` fills (kTokenStagesFp8 stages of 64 K rows then 64 V rows; the first
+// kTokenStagesFp8 - 1 tiles already issued); qa / logit_scale: Q's fragments in the permuted dim order and the
+// rows' logit scales (exp2 domain). Leaves the CTA's merged state in the 16-bit loop's layout: o
+// (unnormalized, V in raw fp16 units), m_run, l_run of rows g and g + 8. Ends with every warp past a CTA
+// barrier and the ring free.
+__device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, const TokenTile* tiles, int n_tiles,
+                                                    float* merge_buf, float* red_max, float* red_sum,
+                                                    const uint32_t (&qa)[8][4], const float (&logit_scale)[2],
+                                                    float (&o)[4][4], float (&m_run)[2], float (&l_run)[2]) {
+  constexpr int kStages = kTokenStagesFp8;
+  constexpr uint32_t kRowBytes = kTokenHeadDim;  // one fp8 row
+  constexpr uint32_t kStageBytes = 2 * kTokenTileKeys * kRowBytes;
+  constexpr unsigned kFull = 0xffffffffu;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  float mw[2] = {-INFINITY, -INFINITY}, lw[2] = {0.f, 0.f};  // lw: this thread's 4 keys of each row
+  float ow[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) ow[j][0] = ow[j][1] = ow[j][2] = ow[j][3] = 0.f;
+  // This thread's shared-memory offsets in a stage: K rows kr (n-tile 0) and kr + 8 (n-tile 1), kr = 16w + g,
+  // chunks 2t and 2t + 1 (load_k_row_fp8's); V rows vr, vr + 1 (k 2t, 2t + 1), vr + 8, vr + 9, vr = 16w + 2t,
+  // chunk g. A row 8 further has the same swizzle: +1 KB.
+  const int kr = warp * 16 + g, vr = warp * 16 + 2 * t;
+  const uint32_t k_at0 = kr * kRowBytes + (((2 * t) ^ (kr & 7)) << 4);
+  const uint32_t k_at1 = kr * kRowBytes + (((2 * t + 1) ^ (kr & 7)) << 4);
+  const uint32_t v_at0 = kTokenTileKeys * kRowBytes + vr * kRowBytes + ((g ^ (vr & 7)) << 4);
+  const uint32_t v_at1 = kTokenTileKeys * kRowBytes + (vr + 1) * kRowBytes + ((g ^ ((vr + 1) & 7)) << 4);
+  int stage = 0, issue_stage = kStages - 1;
+  for (int x = 0; x < n_tiles; ++x) {
+    arch::cp_async_wait<kStages - 2>();
+    __syncwarp();  // this warp's rows of tile x landed (every lane's copies); its reads of tile x - 1 are done
+    copy(tiles, n_tiles, x + kStages - 1, issue_stage);
+    issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
+    const uint32_t st = copy.ring + stage * kStageBytes;
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+    const int visible = tiles[x].visible;
+    // Every shared load first (volatile asm keeps program order).
+    const KRowFp8 k0 = {{arch::ld_shared_v4(st + k_at0), arch::ld_shared_v4(st + k_at1)}};
+    const KRowFp8 k1 = {{arch::ld_shared_v4(st + k_at0 + 8 * kRowBytes), arch::ld_shared_v4(st + k_at1 + 8 * kRowBytes)}};
+    const uint4 v[4] = {arch::ld_shared_v4(st + v_at0), arch::ld_shared_v4(st + v_at1),
+                        arch::ld_shared_v4(st + v_at0 + 8 * kRowBytes), arch::ld_shared_v4(st + v_at1 + 8 * kRowBytes)};
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint2 b0 = k_fragment_fp8(k0, kk), b1 = k_fragment_fp8(k1, kk);
+      arch::mma_m16n8k16<__half>(s[0], qa[kk], b0.x, b0.y);
+      arch::mma_m16n8k16<__half>(s[1], qa[kk], b1.x, b1.y);
+    }
+    // Logits in the exp2 domain, keys past `visible` -inf; this warp's row maxima (the row's 4 threads).
+    float mx[2];
+    scale_logits_row_max(s, warp, lane, visible, logit_scale, mx);
+    // The base moves (for the warp's rows together) only when a maximum passes it by more than the slack.
+    if (__any_sync(kFull, mx[0] > mw[0] + kTokenFp8RescaleSlack || mx[1] > mw[1] + kTokenFp8RescaleSlack)) {
+      float alpha[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float m = fmaxf(mw[j], mx[j]);
+        alpha[j] = arch::exp2_approx(mw[j] - (m == -INFINITY ? 0.f : m));
+        mw[j] = m;
+        lw[j] *= alpha[j];
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        ow[j][0] *= alpha[0], ow[j][1] *= alpha[0];
+        ow[j][2] *= alpha[1], ow[j][3] *= alpha[1];
+      }
+    }
+    float base[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) base[j] = mw[j] == -INFINITY ? 0.f : mw[j];  // a row that has seen nothing: p = 0
+    uint32_t pa[4];  // P as P V's A operand: k 2t, 2t + 1 from n-tile 0, k 2t + 8, 2t + 9 from n-tile 1
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const float p0 = arch::exp2_approx(s[n][0] - base[0]), p1 = arch::exp2_approx(s[n][1] - base[0]);
+      const float p2 = arch::exp2_approx(s[n][2] - base[1]), p3 = arch::exp2_approx(s[n][3] - base[1]);
+      lw[0] += p0 + p1;
+      lw[1] += p2 + p3;
+      pa[2 * n] = arch::pack2<__half>(p0, p1);
+      pa[2 * n + 1] = arch::pack2<__half>(p2, p3);
+    }
+    const auto word = [](const uint4& c, int u) { return u == 0 ? c.x : u == 1 ? c.y : u == 2 ? c.z : c.w; };
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      uint2 b0[2], b1[2];
+      v_fragments_fp8(word(v[0], u), word(v[1], u), word(v[2], u), word(v[3], u), b0, b1);
+      arch::mma_m16n8k16<__half>(ow[4 * u], pa, b0[0].x, b1[0].x);
+      arch::mma_m16n8k16<__half>(ow[4 * u + 1], pa, b0[0].y, b1[0].y);
+      arch::mma_m16n8k16<__half>(ow[4 * u + 2], pa, b0[1].x, b1[1].x);
+      arch::mma_m16n8k16<__half>(ow[4 * u + 3], pa, b0[1].y, b1[1].y);
+    }
+  }
+
+  // ---- the four warps' states merged: m = max of the warps', each warp's o and l weighted by 2^(m_w - m) ----
+  arch::cp_async_wait<0>();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    lw[j] += __shfl_xor_sync(kFull, lw[j], 1);
+    lw[j] += __shfl_xor_sync(kFull, lw[j], 2);
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) red_max[warp * 16 + g + 8 * j] = mw[j], red_sum[warp * 16 + g + 8 * j] = lw[j];
+  }
+  __syncthreads();  // every warp is done with the ring; the maxima and sums are in
+  float wt[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int r = g + 8 * j;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) m = fmaxf(m, red_max[w * 16 + r]);
+    const float base = m == -INFINITY ? 0.f : m;
+    float l = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) l = fmaf(arch::exp2_approx(red_max[w * 16 + r] - base), red_sum[w * 16 + r], l);
+    wt[j] = arch::exp2_approx(mw[j] - base);
+    m_run[j] = m;
+    l_run[j] = l;
+  }
+  float* mine = merge_buf + warp * kTokenRows * kTokenFp8MergeStride;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      mine[token_fp8_merge_at(g + 8 * (e >> 1), 16 * (2 * t + (e & 1)) + j)] = ow[j][e] * wt[e >> 1];
+  __syncthreads();
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int at = token_fp8_merge_at(g + 8 * (e >> 1), warp * 32 + n * 8 + 2 * t + (e & 1));
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) acc += merge_buf[w * kTokenRows * kTokenFp8MergeStride + at];
+      o[n][e] = acc;
+    }
+}
+
+}  // namespace msa::detail::cuda::decode
