@@ -455,9 +455,9 @@ def q_rows_problem(rng, pattern, dtype, case):
                                           ("kvmajor", "random")])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_sm90_prefill_q_row_scales(rng, monkeypatch, case, mode, pattern, dtype):
-    if case == "near_max" and (dtype == "fp16" or mode == "kvmajor"):
-        pytest.skip("near bf16's max: bf16 q only, on the query-major kernel's scaled fp16 products (the KV-major "
-                    "kernel's bf16 products overflow fp32 there, as a bf16 cache's do)")
+    if case == "near_max" and (dtype == "fp16" or mode == "kvmajor" or torch.cuda.get_device_capability() != (9, 0)):
+        pytest.skip("near bf16's max: bf16 q only, on the sm_90 query-major kernel's scaled fp16 products (bf16 "
+                    "products overflow fp32 there: the KV-major kernel's, the portable kernel's, a bf16 cache's)")
     prob = q_rows_problem(rng, pattern, dtype, case)
     q_scale, k_scale = (1.0, 1.0) if case == "near_max" else (Q_SCALE, K_SCALE)
     t = mt.to_torch(prob, DEV, TORCH_DTYPE[dtype])
