@@ -107,8 +107,8 @@ __device__ __forceinline__ int fp16_row_exponent(float amax) {
 __device__ __forceinline__ float exp2_int(int e) { return __uint_as_float(static_cast<uint32_t>(127 + e) << 23); }
 
 // A running maximum of |values| over bf16x2 words, kept as two bf16 bit patterns: a non-negative bf16's bits order
-// as its value (NaN above inf), so the maximum is an unsigned 16-bit one (VIMNMX.U16x2; three words an instruction
-// when chained). bf16x2_max_value: the larger half as a float.
+// as its value (NaN above inf), so the maximum is an unsigned 16-bit one (chained, one VIMNMX3.U16x2 takes two
+// words). bf16x2_max_value: the larger half as a float.
 __device__ __forceinline__ uint32_t bf16x2_abs_max(uint32_t acc, uint32_t w) { return __vmaxu2(acc, w & 0x7FFF7FFFu); }
 __device__ __forceinline__ float bf16x2_max_value(uint32_t acc) {
   return __uint_as_float(max(acc & 0xFFFFu, acc >> 16) << 16);
