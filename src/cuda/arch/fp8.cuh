@@ -106,6 +106,14 @@ __device__ __forceinline__ int fp16_row_exponent(float amax) {
 }
 __device__ __forceinline__ float exp2_int(int e) { return __uint_as_float(static_cast<uint32_t>(127 + e) << 23); }
 
+// A running maximum of |values| over bf16x2 words, kept as two bf16 bit patterns: a non-negative bf16's bits order
+// as its value (NaN above inf), so the maximum is an unsigned 16-bit one (chained, one VIMNMX3.U16x2 takes two
+// words). bf16x2_max_value: the larger half as a float.
+__device__ __forceinline__ uint32_t bf16x2_abs_max(uint32_t acc, uint32_t w) { return __vmaxu2(acc, w & 0x7FFF7FFFu); }
+__device__ __forceinline__ float bf16x2_max_value(uint32_t acc) {
+  return __uint_as_float(max(acc & 0xFFFFu, acc >> 16) << 16);
+}
+
 template <typename T>
 __device__ __forceinline__ float2 to_float2(uint32_t w) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -130,6 +138,12 @@ __device__ __forceinline__ uint4 chunk_to_scaled_f16(uint4 v, float scale) {
   f = to_float2<T>(v.z), r.z = pack2<__half>(f.x * scale, f.y * scale);
   f = to_float2<T>(v.w), r.w = pack2<__half>(f.x * scale, f.y * scale);
   return r;
+}
+
+// A bf16x2 word times `scale` into fp16x2: the bf16 halves widen to fp32 by a shift and a mask (__bfloat1622float2
+// takes a PRMT more for the high half), then two FMULs and one F2FP.F16.F32.PACK_AB (round to nearest).
+__device__ __forceinline__ uint32_t bf16x2_to_scaled_f16x2(uint32_t w, float scale) {
+  return pack2<__half>(__uint_as_float(w << 16) * scale, __uint_as_float(w & 0xFFFF0000u) * scale);
 }
 
 template <typename T>

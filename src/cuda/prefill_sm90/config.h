@@ -51,10 +51,11 @@ inline constexpr int kConsumerRegs = 232;
 // fp8 K/V (docs/prefill.md, "fp8 K/V"): each e4m3 tile (one TMA box of 128 keys x 128 bytes, 16 KiB) lands in
 // the second half of its 16-bit stage and is widened there, in place, by warps 2-3 of the producer warpgroup
 // (idle in the 16-bit kernels), so the rings and the shared memory are those of the 16-bit kernels. A
-// block-step (~1.9 us, ~3300 cycles at M3) widens K and V of one block, 2048 16-byte chunks: in SASS 150
-// instructions per 4 chunks a thread for bf16 (32 a chunk convert: e4m3 -> f16x2, two f16 -> f32, f32x2 ->
-// bf16x2 a pair), ~1200 issue slots of each converter warp a block-step; 32 per 2 chunks for fp16 (one
-// instruction a pair), ~500.
+// block-step (~1.9 us, ~3300 cycles at M3) widens K and V of one block, 2048 16-byte chunks: in SASS 32
+// instructions per 2 chunks a thread into fp16 (one e4m3 -> f16x2 a pair), 512 issue slots of each converter
+// warp a block-step; into bf16 150 per 4 chunks (32 a chunk convert: e4m3 -> f16x2, two f16 -> f32, f32x2 ->
+// bf16x2 a pair), 1200. The query-major kernel widens to fp16 whatever q's type (bf16 Q tiles are rescaled into
+// fp16 by their consumers); the KV-major kernel widens to q's type, its widening hidden behind the consumers.
 inline constexpr int kF8ConvertWarp0 = 2;   // first converter warp of the producer warpgroup
 inline constexpr int kF8ConvertWarps = 2;
 inline constexpr int kF8ConvertThreads = 32 * kF8ConvertWarps;

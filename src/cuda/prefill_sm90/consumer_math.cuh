@@ -70,11 +70,20 @@ __device__ __forceinline__ void mask_scores(float (&sc)[64], const int32_t (&lim
   }
 }
 
+// The logit scale of the softmax (sm_scale x log2(e)): one for every row, or one per row of a thread (h = 0, 1)
+// where Q rows were scaled into fp16 by 2^e (fp8_tiles.cuh): sm_scale x log2(e) x 2^-e.
+struct RowScales {
+  float row[2];
+};
+__device__ __forceinline__ float scale_of_row(float s, int) { return s; }
+__device__ __forceinline__ float scale_of_row(const RowScales& s, int h) { return s.row[h]; }
+
 // Online softmax of one block: updates the running max m (log2 domain, scaled) and sum l (this
-// thread's share of the row), turns sc into unnormalized probabilities, returns the rescale
-// factor of the previous accumulator in alpha.
+// thread's share of the row), turns sc into unnormalized probabilities (in [0, 1]: the running max is
+// subtracted), returns the rescale factor of the previous accumulator in alpha. Scale: float or RowScales.
+template <typename Scale>
 __device__ __forceinline__ void softmax_block(float (&sc)[64], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                              float scale_log2) {
+                                              Scale scale_log2) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
@@ -86,7 +95,7 @@ __device__ __forceinline__ void softmax_block(float (&sc)[64], float (&m)[2], fl
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(~0u, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(~0u, mx[h], 2));
-    const float m_new = fmaxf(m[h], mx[h] * scale_log2);
+    const float m_new = fmaxf(m[h], mx[h] * scale_of_row(scale_log2, h));
     base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at 0
     alpha[h] = arch::exp2_approx(m[h] - base[h]);
     m[h] = m_new;
@@ -96,8 +105,8 @@ __device__ __forceinline__ void softmax_block(float (&sc)[64], float (&m)[2], fl
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      sc[4 * j + 2 * h] = arch::exp2_approx(fmaf(sc[4 * j + 2 * h], scale_log2, -base[h]));
-      sc[4 * j + 2 * h + 1] = arch::exp2_approx(fmaf(sc[4 * j + 2 * h + 1], scale_log2, -base[h]));
+      sc[4 * j + 2 * h] = arch::exp2_approx(fmaf(sc[4 * j + 2 * h], scale_of_row(scale_log2, h), -base[h]));
+      sc[4 * j + 2 * h + 1] = arch::exp2_approx(fmaf(sc[4 * j + 2 * h + 1], scale_of_row(scale_log2, h), -base[h]));
       sum[h] += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
     }
   }

@@ -19,7 +19,8 @@
 namespace msa::detail::cuda::prefill_sm90 {
 
 // kBf16: q, o (and K/V unless kF8) are bf16, else fp16. kF8: K/V are fp8 e4m3 (one TMA box of 128 keys x 128
-// bytes a block), widened in shared memory to q's type.
+// bytes a block), widened in shared memory: to fp16 by the query-major kernel (which rescales bf16 Q rows into
+// fp16 and runs both products on fp16), to q's type by the KV-major kernel.
 
 // Query-major prefill kernel (dense or sparse); grid = persistent CTAs (<= SM count).
 template <bool kBf16, bool kF8 = false>

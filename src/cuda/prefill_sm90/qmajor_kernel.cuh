@@ -20,7 +20,10 @@
 // fp8 e4m3 K/V (kF8): warp 0 loads each e4m3 tile into the second half of its 16-bit stage, completing on
 // k_land / v_land, a block's K ahead of the previous block's V inside a tile (so that the V ring's wait does
 // not hold back the K loads); warps 2-3 of the producer warpgroup (the converters) widen the tiles in place
-// in that order and arrive on k_full / v_full (fp8_tiles.cuh). The consumers are those of the 16-bit kernels.
+// to fp16 in that order and arrive on k_full / v_full (fp8_tiles.cuh). Both products run on fp16 wgmma
+// whatever q's type: with bf16 q each consumer warp rescales its 16 rows of a Q tile into fp16 in place once
+// the tile's Q has landed (a power of two per row, undone on the row's logits), P is packed to fp16, and o
+// and lse are written as for a 16-bit cache.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -304,9 +307,8 @@ __device__ __forceinline__ void qmajor_producer(const QMajorParams& p, QMajorSme
 }
 
 // fp8 (warps 2-3 of the producer warpgroup, ct = 0 .. kF8ConvertThreads - 1): the tiles warp 0 loads, widened
-// in place in its order: K(j), then V(j - 1) if still due, and at a tile's last block V(j) too. Every
+// to fp16 in place in its order: K(j), then V(j - 1) if still due, and at a tile's last block V(j) too. Every
 // converter thread arrives on k_full / v_full after its own stores.
-template <bool kBf16>
 __device__ __forceinline__ void qmajor_converter(QMajorSmem& s, int ct) {
   const uint32_t k_base = arch::smem_addr(s.k[0]), v_base = arch::smem_addr(s.v[0]);
   uint32_t v_next = 0;  // blocks whose V is widened
@@ -315,20 +317,24 @@ __device__ __forceinline__ void qmajor_converter(QMajorSmem& s, int ct) {
     arch::mbarrier_wait(&s.k_land[st], ph);
     const int32_t mark = s.stage[st].mark;
     if (mark == kStreamEnd) break;  // every V is done: the last block was a tile's last
-    widen_e4m3_tile<Element<kBf16>>(k_base + st * kTileBytes, ct);
+    widen_e4m3_tile<__half>(k_base + st * kTileBytes, ct);
     arch::mbarrier_arrive(&s.k_full[st]);
     for (const uint32_t v_end = mark == kTileLastBlock ? it + 1 : it; v_next < v_end; ++v_next) {
       const uint32_t vs = v_next % kVStages, vph = (v_next / kVStages) & 1;
       arch::mbarrier_wait(&s.v_land[vs], vph);
-      widen_e4m3_tile<Element<kBf16>>(v_base + vs * kTileBytes, ct);
+      widen_e4m3_tile<__half>(v_base + vs * kTileBytes, ct);
       arch::mbarrier_arrive(&s.v_full[vs]);
     }
   }
 }
 
-template <bool kBf16, bool kSparse>
+// kBf16: q and o are bf16. kF8: K/V are fp8, widened to fp16 (qmajor_converter), so both products run on fp16
+// wgmma (kMmaBf16 false), and bf16 Q tiles are rescaled into fp16 by their consumers (kScaleQ).
+template <bool kBf16, bool kSparse, bool kF8>
 __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSmem& s, int wg MSA_QTRACE_PARAM) {
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  constexpr bool kMmaBf16 = kBf16 && !kF8;
+  constexpr bool kScaleQ = kBf16 && kF8;
   const int tid = threadIdx.x & 127;
   const int lane = tid & 31;
   const int t = lane & 3;
@@ -362,6 +368,18 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
   };
   auto release_q = [&] { arch::mbarrier_arrive(&s.q_empty[q_it % kQStages]); };
   auto q_addr_of = [&] { return arch::smem_addr(s.q[q_it % kQStages]) + wg * kWarpgroupRows * 128; };
+  // kScaleQ: the logit scale of this thread's two rows in the current tile (sm_scale x log2(e) x 2^-e), set by
+  // scale_q once the tile's Q has landed (fetch) and before its first QK^T. The next tile's Q is rescaled at the
+  // cross-tile step, when every softmax of the current tile is taken (only its last PV is pending).
+  RowScales row_scale_log2;
+  auto scale_q = [&] {
+    if constexpr (kScaleQ) {
+      float unscale[2];
+      q_rows_to_scaled_f16(q_addr_of() + (tid >> 5) * 16 * 128, lane, unscale);
+      row_scale_log2.row[0] = p.scale_log2 * unscale[0];
+      row_scale_log2.row[1] = p.scale_log2 * unscale[1];
+    }
+  };
   struct Rows {
     int32_t qi[2], kv_end[2];
   };
@@ -396,13 +414,17 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
   float m[2], l[2], alpha[2];
   uint32_t pf[32];
   int32_t lim[2];
+  auto softmax = [&](float (&mm)[2], float (&ll)[2], float (&aa)[2]) {
+    if constexpr (kScaleQ) softmax_block(sc, mm, ll, aa, row_scale_log2);
+    else softmax_block(sc, mm, ll, aa, p.scale_log2);
+  };
   // QK^T of the K in stage st with PV of the V in stage vs (P of the previous block in pf), in this
   // warpgroup's issue turn; returns with the scores complete and the PV in flight.
   auto issue_qk_pv = [&](uint32_t q_addr, uint32_t st, uint32_t vs) {
     issue_begin();
     arch::wgmma_fence();
-    issue_qk<kBf16>(sc, q_addr, k_base + st * kTileBytes);
-    issue_pv<kBf16>(o, pf, v_base + vs * kTileBytes);
+    issue_qk<kMmaBf16>(sc, q_addr, k_base + st * kTileBytes);
+    issue_pv<kMmaBf16>(o, pf, v_base + vs * kTileBytes);
     issue_end();
     arch::fence_regs(pf);
     arch::wgmma_wait<1>();
@@ -415,7 +437,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
     arch::mbarrier_arrive(&s.k_empty[st]);
     limits(rw, si, lim);
     mask_scores(sc, lim, t);
-    softmax_block(sc, mm, ll, aa, p.scale_log2);
+    softmax(mm, ll, aa);
     arch::wgmma_wait<0>();
     arch::fence_regs(o);
     arch::fence_regs(pf);
@@ -471,13 +493,14 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
     const uint32_t q_addr = q_addr_of();
     if (!started) {  // the tile's first QK^T alone
       reset();
+      scale_q();
       const uint32_t st = it % kStages, ph = (it / kStages) & 1;
       arch::mbarrier_wait(&s.k_full[st], ph);
       if (q_it == 0) MSA_QTRACE(mark(3));
       prev = s.stage[st];
       issue_begin();
       arch::wgmma_fence();
-      issue_qk<kBf16>(sc, q_addr, k_base + st * kTileBytes);
+      issue_qk<kMmaBf16>(sc, q_addr, k_base + st * kTileBytes);
       issue_end();
       MSA_QTRACE(issued(q_it));
       arch::wgmma_wait<0>();
@@ -486,8 +509,8 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       arch::mbarrier_arrive(&s.k_empty[st]);
       limits(rw, prev, lim);
       mask_scores(sc, lim, t);
-      softmax_block(sc, m, l, alpha, p.scale_log2);
-      scores_to_operand<kBf16>(sc, pf);
+      softmax(m, l, alpha);
+      scores_to_operand<kMmaBf16>(sc, pf);
     }
     for (int32_t i = 1; i < ti.nblocks; ++i) {
       const uint32_t st = (it + i) % kStages, ph = ((it + i) / kStages) & 1;
@@ -502,7 +525,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       if (i == ti.nblocks - 1) release_q();
       softmax_under_pv(rw, cur, st, pvs, m, l, alpha);
       rescale(o, alpha);
-      scores_to_operand<kBf16>(sc, pf);
+      scores_to_operand<kMmaBf16>(sc, pf);
       prev = cur;
     }
     // The tile's last PV is pending (pf, prev). The next tile's record: the scheduler claimed it and
@@ -516,6 +539,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
     if (nx.tile >= 0 && nx.nblocks > 0) {
       // The next tile's first QK^T with this tile's last PV; its softmax (fresh state) while the PV runs.
       const Rows nrw = rows_of(nx);
+      scale_q();  // q_it is the next tile's
       const uint32_t st = it % kStages, ph = (it / kStages) & 1;
       arch::mbarrier_wait(&s.k_full[st], ph);
       const StageInfo cur = s.stage[st];
@@ -529,13 +553,13 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       reset();  // the next tile's O starts at 0, its softmax state is the one just taken
       m[0] = m2[0], m[1] = m2[1];
       l[0] = l2[0], l[1] = l2[1];
-      scores_to_operand<kBf16>(sc, pf);
+      scores_to_operand<kMmaBf16>(sc, pf);
       prev = cur;
       started = true;
     } else {
       issue_begin();
       arch::wgmma_fence();
-      issue_pv<kBf16>(o, pf, v_base + lvs * kTileBytes);
+      issue_pv<kMmaBf16>(o, pf, v_base + lvs * kTileBytes);
       issue_end();
       arch::wgmma_wait<0>();
       arch::fence_regs(o);
@@ -551,7 +575,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
 
 #endif  // MSA_SM90A_DEVICE
 
-// kF8: K and V are fp8 e4m3 (one TMA box of 128 keys x 128 bytes a block), widened to kBf16's type.
+// kF8: K and V are fp8 e4m3 (one TMA box of 128 keys x 128 bytes a block), widened to fp16.
 template <bool kBf16, bool kSparse, bool kF8 = false>
 __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __grid_constant__ QMajorParams p) {
 #ifdef MSA_SM90A_DEVICE
@@ -591,10 +615,10 @@ __global__ void __launch_bounds__(kThreads, 1) qmajor_prefill_kernel(const __gri
     arch::regs_decrease<kProducerRegs>();
     if (threadIdx.x < 32) qmajor_producer<kSparse, kF8>(p, s);
     else if (threadIdx.x < 64) qmajor_scheduler<kSparse>(p, s);
-    else if constexpr (kF8) qmajor_converter<kBf16>(s, threadIdx.x - 32 * kF8ConvertWarp0);
+    else if constexpr (kF8) qmajor_converter(s, threadIdx.x - 32 * kF8ConvertWarp0);
   } else {
     arch::regs_increase<kConsumerRegs>();
-    qmajor_consumer<kBf16, kSparse>(p, s, wg - 1 MSA_QTRACE_ARG);
+    qmajor_consumer<kBf16, kSparse, kF8>(p, s, wg - 1 MSA_QTRACE_ARG);
     MSA_QTRACE(end());
   }
 #endif

@@ -414,3 +414,72 @@ def test_sm90_prefill_v_scale_leaves_lse(rng, monkeypatch, mode, fp8):
     o2, lse2 = call(plan, prob, t, k, v, k_scale=K_SCALE if fp8 else 1.0, v_scale=(V_SCALE if fp8 else 1.0) * 3.0)
     assert torch.equal(lse1, lse2)
     mt.assert_close(o2.float().cpu().numpy() / 3.0, o1.float().cpu().numpy())
+
+
+# ---- bf16 q on the query-major kernel's fp16 products: each Q row scaled by 2^e into fp16 -------------------------
+# (docs/prefill.md, "fp8 K/V": amax x 2^e in [2^14, 2^15), the row's logits times 2^-e; a row of zeros keeps e = 0).
+# The KV-major kernel runs bf16 products on fp8 K/V; it takes the cases that stay inside fp32 on that path.
+
+def q_rows_problem(rng, pattern, dtype, case):
+    """M3's group (G = 16: a consumer warp's 16 rows are one token's heads) with q rows built for the case:
+      range: row magnitudes log-uniform over 1e-3 .. 1e4 (2^e from about 2^-1 to 2^23), a quarter of the rows spread
+             inside the row too, elements log-uniform over 1e-6 .. 1e4 (the smallest become fp16 subnormals when
+             scaled); sm_scale 3e-4 keeps the largest logits near 50.
+      zeros: a third of the rows and every 7th token (all its heads: whole warps) all zeros, the rest N(0, 1).
+      near_max: half the rows with elements of 1e37 .. 3.3e38 (bf16's largest finite is 3.39e38), random signs;
+             sm_scale 2e-38 (k_scale 1: the folded scale stays a normal float) keeps their logits near 40."""
+    sm_scale = {"range": 3e-4, "zeros": None, "near_max": 2e-38}[case]
+    prob = problem(rng, [300, 129, 1, 64], [700, 129, 257, 2000], pattern, heads=(64, 4), topk=16, page_size=128,
+                   dtype=dtype, sm_scale=sm_scale)
+    T, H, D = prob.q.shape
+    q = rng.standard_normal((T, H, D))
+    if case == "range":
+        q *= 10.0 ** rng.uniform(-3, 4, (T, H, 1))
+        spread = rng.random((T, H)) < 0.25
+        n = int(spread.sum())
+        q[spread] = rng.choice([-1.0, 1.0], (n, D)) * 10.0 ** rng.uniform(-6, 4, (n, D))
+    elif case == "zeros":
+        q[rng.random((T, H)) < 0.3] = 0.0
+        q[::7] = 0.0
+    else:
+        near = rng.random((T, H)) < 0.5
+        n = int(near.sum())
+        q[near] = rng.choice([-1.0, 1.0], (n, D)) * rng.uniform(1e37, 3.3e38, (n, D))
+    prob.q = mt.round_to(q, dtype)
+    assert np.isfinite(prob.q).all()
+    return prob
+
+
+@pytest.mark.parametrize("case", ["range", "zeros", "near_max"])
+@pytest.mark.parametrize("mode,pattern", [("qmajor", "shared"), ("qmajor", "clustered"), ("qmajor", None),
+                                          ("kvmajor", "random")])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_sm90_prefill_q_row_scales(rng, monkeypatch, case, mode, pattern, dtype):
+    if case == "near_max" and (dtype == "fp16" or mode == "kvmajor" or torch.cuda.get_device_capability() != (9, 0)):
+        pytest.skip("near bf16's max: bf16 q only, on the sm_90 query-major kernel's scaled fp16 products (bf16 "
+                    "products overflow fp32 there: the KV-major kernel's, the portable kernel's, a bf16 cache's)")
+    prob = q_rows_problem(rng, pattern, dtype, case)
+    q_scale, k_scale = (1.0, 1.0) if case == "near_max" else (Q_SCALE, K_SCALE)
+    t = mt.to_torch(prob, DEV, TORCH_DTYPE[dtype])
+    k8, v8, kd, vd = fp8_tensors(prob, True, k_scale=k_scale)
+    out, lse = call(plan_sm90(prob, monkeypatch, mode), prob, t, k8, v8, sm_scale=prob.sm_scale, q_scale=q_scale,
+                    k_scale=k_scale, v_scale=V_SCALE)
+    o_ref, lse_ref = mt.scaled_reference(prob, kd, vd, q_scale=q_scale)
+    mt.assert_close(out.float().cpu().numpy(), o_ref)
+    mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
+
+
+def test_sm90_prefill_zero_q_rows_average_v(rng, monkeypatch):
+    """Rows of zeros (e = 0): every visible key weighs the same, so o is the mean of the visible V rows times
+    v_scale and lse is ln(visible keys), on the query-major kernel's scaled path, dense causal."""
+    prob = problem(rng, [200, 64], [700, 300], None, heads=(64, 4), page_size=128)
+    prob.q[:] = 0.0
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    k8, v8, kd, vd = fp8_tensors(prob, False)
+    out, lse = call(plan_sm90(prob, monkeypatch, "qmajor"), prob, t, k8, v8, q_scale=Q_SCALE, k_scale=K_SCALE,
+                    v_scale=V_SCALE)
+    o_ref, lse_ref = mt.scaled_reference(prob, kd, vd, q_scale=Q_SCALE)
+    visible = prob.positions() + 1  # causal: keys 0 .. position
+    np.testing.assert_allclose(lse_ref, np.broadcast_to(np.log(visible)[:, None], lse_ref.shape), rtol=1e-12)
+    mt.assert_close(out.float().cpu().numpy(), o_ref)
+    mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
