@@ -450,14 +450,26 @@ def q_rows_problem(rng, pattern, dtype, case):
     return prob
 
 
-@pytest.mark.parametrize("case", ["range", "zeros", "near_max"])
-@pytest.mark.parametrize("mode,pattern", [("qmajor", "shared"), ("qmajor", "clustered"), ("qmajor", None),
-                                          ("kvmajor", "random")])
+Q_ROW_PATHS = [("qmajor", "shared"), ("qmajor", "clustered"), ("qmajor", None), ("kvmajor", "random")]
+
+
+@pytest.mark.parametrize("case", ["range", "zeros"])
+@pytest.mark.parametrize("mode,pattern", Q_ROW_PATHS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_sm90_prefill_q_row_scales(rng, monkeypatch, case, mode, pattern, dtype):
-    if case == "near_max" and (dtype == "fp16" or mode == "kvmajor" or torch.cuda.get_device_capability() != (9, 0)):
-        pytest.skip("near bf16's max: bf16 q only, on the sm_90 query-major kernel's scaled fp16 products (bf16 "
-                    "products overflow fp32 there: the KV-major kernel's, the portable kernel's, a bf16 cache's)")
+    check_q_row_scales(rng, monkeypatch, case, mode, pattern, dtype)
+
+
+@pytest.mark.parametrize("mode,pattern", [p for p in Q_ROW_PATHS if p[0] == "qmajor"])
+def test_sm90_prefill_q_near_bf16_max(rng, monkeypatch, mode, pattern):
+    """bf16 q near bf16's max, on the sm_90 query-major kernel's scaled fp16 products only: bf16 products of
+    such rows overflow fp32 (the KV-major kernel's, the portable kernel's, a bf16 cache's)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90 query-major kernel")
+    check_q_row_scales(rng, monkeypatch, "near_max", mode, pattern, "bf16")
+
+
+def check_q_row_scales(rng, monkeypatch, case, mode, pattern, dtype):
     prob = q_rows_problem(rng, pattern, dtype, case)
     q_scale, k_scale = (1.0, 1.0) if case == "near_max" else (Q_SCALE, K_SCALE)
     t = mt.to_torch(prob, DEV, TORCH_DTYPE[dtype])
