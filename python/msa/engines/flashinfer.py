@@ -318,8 +318,8 @@ def msa_topk_select(
         if fb + fe > nvp:
             raise ValueError(f"{fn}: arguments 'force_begin_blocks' + 'force_end_blocks' ({fb} + {fe}) must be <= "
                              f"num_valid_pages ({nvp})")
-        kv_lens = _constant(("kv_lens", dev, total_q, nvp), lambda: torch.full((total_q,), nvp * BLOCK,
-                                                                                dtype=torch.int32, device=dev))
+        kv_lens = _constant(("kv_lens", dev, total_q, nvp),
+                            lambda: torch.full((total_q,), nvp * BLOCK, dtype=torch.int32, device=dev), max_score)
     if output is None:
         output = torch.empty((total_q, hq, topk), dtype=torch.int32, device=dev)
     elif tuple(output.shape) != (total_q, hq, topk) or output.dtype != torch.int32:
@@ -330,16 +330,20 @@ def msa_topk_select(
     # Every token a non-causal request over its extent (its valid blocks are exactly [0, num_valid_pages), and
     # force_end counts back from there; offset 0, as an empty extent makes the default offset -1); finite_only
     # is FlashInfer's rule for non-finite scores.
-    indptr = _constant(("indptr", dev, total_q), lambda: torch.arange(total_q + 1, dtype=torch.int32, device=dev))
-    zeros = _constant(("zeros", dev, total_q), lambda: torch.zeros(total_q, dtype=torch.int32, device=dev))
+    indptr = _constant(("indptr", dev, total_q),
+                       lambda: torch.arange(total_q + 1, dtype=torch.int32, device=dev), max_score)
+    zeros = _constant(("zeros", dev, total_q), lambda: torch.zeros(total_q, dtype=torch.int32, device=dev), max_score)
     torch_ops.select_topk(max_score, indptr, kv_lens, topk, qo_offset=zeros, layout="HKT", force_begin=fb,
                           force_end=fe, causal=False, finite_only=True, out=output)
     return output
 
 
-def _constant(key, make) -> torch.Tensor:
-    """A device tensor that depends on its key only (token indptr, uniform lengths), made once. One made
-    under CUDA-graph capture is not kept: its values exist only in the graph's replays."""
+def _constant(key, make, like: torch.Tensor) -> torch.Tensor:
+    """A device tensor that depends on its key only (token indptr, uniform lengths), made once for eager calls
+    on plain tensors. Not kept when made under CUDA-graph capture (its values exist only in the graph's
+    replays); traced calls (torch.compile, FakeTensor `like`) make their own."""
+    if not torch_ops._direct(like):
+        return make()
     t = _constants.get(key)
     if t is None:
         t = make()
