@@ -23,7 +23,7 @@
 namespace msa::detail::cuda::indexer {
 
 __device__ __forceinline__ uint32_t score_key(float s, bool finite_only) {
-  if (s != s) return finite_only ? 0u : 1u;                    // NaN: lowest of all candidates
+  if (s != s) return finite_only ? 0u : 1u;                    // NaN: lowest of all candidates, or none
   const uint32_t u = __float_as_uint(s == 0.f ? 0.f : s);      // -0 ties with +0
   const uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // -inf -> 0x007FFFFF >= 2
   // Finite scores have keys in [0x00800000, 0xFF7FFFFF] (-FLT_MAX .. FLT_MAX).
@@ -171,8 +171,8 @@ __device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
 // for uniform batches, checked, searched otherwise) and the row's scores and the guessed request's
 // lengths are loaded together, so a row costs one round trip to memory instead of three.
 // kOptions: any of finite_only, block_map, out_scores is given. A plain call runs an instance without
-// their code, whose register allocation is the plain selection's own (with that code ptxas moved registers
-// and spilled a few bytes in some instances, differently with each formulation tried).
+// their code, so that the options do not change its register allocation (one instance serving both spilled
+// 4-20 bytes at 8, 16 or 64 keys per lane depending on how the options were written).
 // Launched with PDL on sm_90 (launch_select_topk): nothing is read before arch::grid_dependency_wait().
 template <int CAP, bool kDecode, bool kOptions>
 __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams p, bool token_fastest) {
