@@ -65,11 +65,25 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
                   const Sequences& seqs, const TensorView& out, ScoreLayout layout, bool causal = true,
                   const RunOptions& opts = {});
 
+// The optional parts of select_topk; the defaults give the plain selection.
+struct SelectTopkOptions {
+  // Non-finite scores (NaN, -inf, +inf) are not candidates: never chosen by score (forced blocks are kept
+  // whatever their score); a row with fewer finite candidates than topk - forced gets -1 slots after them.
+  bool finite_only = false;
+  // int32 [batch_size, >= max_blocks], any strides: a selected block blk of a token of request b is written as
+  // block_map[b, blk] (e.g. a shard's local block -> global block); the order stays ascending in blk.
+  TensorView block_map;
+  // fp32 [T, H, topk], any strides: the score scores[t, h, blk] of each written entry (forced blocks too),
+  // NaN at the -1 slots.
+  TensorView out_scores;
+};
+
 // Indexer step 2 (contract §4): per (token, head) row of scores, the topk best causally valid blocks,
 // first force_begin and last force_end valid blocks always kept, NaN lowest, ties to the lower index,
 // written ascending with -1 at the tail into out [T, H, topk] (int32, any strides).
 void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& seqs, int topk, int force_begin,
-                 int force_end, const TensorView& out, bool causal = true, const RunOptions& opts = {});
+                 int force_end, const TensorView& out, bool causal = true, const RunOptions& opts = {},
+                 const SelectTopkOptions& select = {});
 
 // Merge S partial attention states by their LSEs: v_parts [S, T, H, Dv] (fp32 or q dtype), lse_parts [S, T, H]
 // fp32 -> o [T, H, Dv], lse_out [T, H] (optional). A part with lse = -inf contributes nothing.

@@ -440,7 +440,7 @@ void bind_ops(nb::module_& m) {
       "select_topk",
       [](nb::handle scores, nb::handle qo_indptr, nb::handle kv_lens, int topk, nb::handle qo_offset,
          const std::string& layout, int force_begin, int force_end, bool causal, nb::handle out, bool validate,
-         int64_t stream) {
+         int64_t stream, bool finite_only, nb::handle block_map, nb::handle out_scores) {
         const char* fn = "msa.select_topk";
         Call call(fn);
         const msa::ScoreLayout lay = parse_layout(fn, layout);
@@ -448,12 +448,15 @@ void bind_ops(nb::module_& m) {
         const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
                                   call.in(qo_offset, "qo_offset")};
         const msa::TensorView out_v = call.out(out, "out");
+        const msa::SelectTopkOptions select{finite_only, call.in(block_map, "block_map"),
+                                            call.out(out_scores, "out_scores")};
         const msa::RunOptions opts{0.0f, call.stream(stream, scores, s_v), validate};
         nb::gil_scoped_release nogil;
-        msa::select_topk(s_v, lay, seqs, topk, force_begin, force_end, out_v, causal, opts);
+        msa::select_topk(s_v, lay, seqs, topk, force_begin, force_end, out_v, causal, opts, select);
       },
       "scores"_a, "qo_indptr"_a, "kv_lens"_a, "topk"_a, "qo_offset"_a.none(), "layout"_a, "force_begin"_a,
-      "force_end"_a, "causal"_a, "out"_a, "validate"_a, "stream"_a = 0,
+      "force_end"_a, "causal"_a, "out"_a, "validate"_a, "stream"_a = 0, "finite_only"_a = false,
+      "block_map"_a.none() = nb::none(), "out_scores"_a.none() = nb::none(),
       "Binding of msa::select_topk; use msa.select_topk.");
 
   m.def(

@@ -163,6 +163,7 @@ class DecodeStep:
         self.req, x = _token_places(qo_indptr, kv_lens, qo_offset, T, causal)
         self.local_kv = _visible(shard, self.req, x).to(torch.int32)        # [T] local keys seen
         self.table = local_page_table[self.req].contiguous()                  # [T, local pages]
+        self.owned = shard.owned.index_select(0, self.req)                    # [T, local blocks]: global ids
         self.indptr = torch.arange(T + 1, dtype=torch.int32, device=dev)
         self.zeros = torch.zeros(T, dtype=torch.int32, device=dev)
 
@@ -173,7 +174,7 @@ class DecodeStep:
                                 page_size=page_size, topk=topk, causal=False, device=self.shard.owned.device, **kw)
 
     def _groups(self):
-        return [(None, self.table, self.indptr, self.local_kv, self.zeros, False)]
+        return [(None, self.table, self.indptr, self.local_kv, self.zeros, False, self.owned)]
 
 
 class PrefillStep:
@@ -233,7 +234,8 @@ class PrefillStep:
             self._tables[flag] = (rows, local_page_table[reqs].contiguous(),
                                   torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=dev),
                                   torch.tensor([s[3] for s in segs], dtype=torch.int32, device=dev),
-                                  torch.tensor([s[4] for s in segs], dtype=torch.int32, device=dev), flag)
+                                  torch.tensor([s[4] for s in segs], dtype=torch.int32, device=dev), flag,
+                                  shard.owned.index_select(0, reqs))
 
     def plans(self, *, num_qo_heads, num_kv_heads, head_dim=128, head_dim_v=0, page_size=128, topk=16, **kw):
         """The prefill plans of local_attention, one per group ({causal: plan}; a group without tokens has none)."""
@@ -260,30 +262,30 @@ def local_candidates(step, q_index, k_index, topk: int, *, k_scale=None):
 
     q_index: [T, H, D], every index head of the layer; k_index: the rank's index-K pages
     [pages, Hk, page_size, D] (H % Hk == 0), fp8 with k_scale as for msa.block_scores."""
-    shard = step.shard
     T, H = q_index.shape[0], q_index.shape[1]
-    nl = shard.local_blocks
-    dev = q_index.device
-    cand_s = torch.full((T, H, topk), float("nan"), dtype=torch.float32, device=dev)
-    cand_i = torch.full((T, H, topk), -1, dtype=torch.int32, device=dev)
-    for rows, table, indptr, lkv, off, flag in step._groups():
+    nl = step.shard.local_blocks
+    cand_s = cand_i = None
+    for rows, table, indptr, lkv, off, flag, owned in step._groups():
+        if rows is not None and rows.numel() == T:
+            rows = None  # the group holds every token, in order (its rows are distinct and ascending)
         q = q_index if rows is None else q_index.index_select(0, rows)
-        n = q.shape[0]
         scores = _msa.block_scores(q, k_index, table, indptr, lkv, qo_offset=off, k_scale=k_scale, max_blocks=nl,
                                    layout="THK", causal=flag)
-        sel = _msa.select_topk(scores, indptr, lkv, topk, qo_offset=off, layout="THK", force_begin=0, force_end=0,
-                               causal=flag)
-        used = sel >= 0
-        idx = sel.long().clamp(min=0)
-        s = torch.where(used, torch.gather(scores, 2, idx), float("nan"))
-        req = step.req if rows is None else _request_of_rows(step, rows)
-        g = torch.gather(shard.owned[req].long(), 1, idx.view(n, -1)).view(n, H, topk)
-        g = torch.where(used, g, -1).to(torch.int32)
+        # Local block j of a (sub-)request is global block owned[request, j]: select_topk writes the global ids
+        # and the scores of its picks (NaN, -1 at the empty slots).
+        ids, s = _msa.select_topk(scores, indptr, lkv, topk, qo_offset=off, layout="THK", force_begin=0,
+                                  force_end=0, causal=flag, block_map=owned, return_scores=True)
         if rows is None:
-            cand_s, cand_i = s, g
-        else:
-            cand_s.index_copy_(0, rows, s)
-            cand_i.index_copy_(0, rows, g)
+            cand_s, cand_i = s, ids
+            continue
+        if cand_s is None:  # tokens in no group see none of the rank's keys
+            cand_s = torch.full((T, H, topk), float("nan"), dtype=torch.float32, device=q_index.device)
+            cand_i = torch.full((T, H, topk), -1, dtype=torch.int32, device=q_index.device)
+        cand_s.index_copy_(0, rows, s)
+        cand_i.index_copy_(0, rows, ids)
+    if cand_s is None:
+        cand_s = torch.full((T, H, topk), float("nan"), dtype=torch.float32, device=q_index.device)
+        cand_i = torch.full((T, H, topk), -1, dtype=torch.int32, device=q_index.device)
     return cand_s, cand_i
 
 
@@ -360,7 +362,7 @@ def local_attention(step, plan, q, k_cache, v_cache, block_idx, *, sm_scale=None
                               qo_offset=step.zeros, return_lse=True, **kw)
     o = torch.zeros((T, Hq, Dv), dtype=q.dtype, device=q.device)
     lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32, device=q.device)
-    for rows, table, indptr, lkv, off, flag in step._groups():
+    for rows, table, indptr, lkv, off, flag, _ in step._groups():
         og, lg = _msa.attention(plan[flag], q.index_select(0, rows), k_cache, v_cache, table, indptr, lkv,
                                 block_idx=local.index_select(0, rows), qo_offset=off, return_lse=True, **kw)
         o.index_copy_(0, rows, og)

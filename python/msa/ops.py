@@ -135,7 +135,8 @@ def block_scores(q, k_index, page_table, qo_indptr, kv_lens, *, qo_offset=None, 
 
 
 def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT", force_begin=0, force_end=1,
-                causal=True, out=None, validate=False, stream=None):
+                causal=True, finite_only=False, block_map=None, out=None, out_scores=None, return_scores=False,
+                validate=False, stream=None):
     """Indexer step 2: per (token, head) row of scores, the topk best causally valid blocks.
 
     The valid blocks of a query at position p are [0, p // 128] (all when not causal) within
@@ -149,23 +150,34 @@ def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT
         topk: slots per row (1..64 on the GPU).
         force_begin, force_end: valid blocks always selected at the start and the end (M3: 0 and 1).
         causal: restrict to blocks up to the query's own block.
+        finite_only: blocks of non-finite score (NaN, -inf, +inf) are never chosen by score (forced blocks still
+            are); a row with fewer finite candidates than topk - forced gets -1 slots after them.
+        block_map: int32 [batch_size, >= max_blocks], any strides: a selected block blk of a token of request b
+            is written as block_map[b, blk] (e.g. a shard's local block -> its global id); rows stay in the
+            order of blk, -1 slots stay -1.
         out: int32 [T, H, topk], any strides; allocated when None.
+        out_scores: fp32 [T, H, topk], any strides: the score of each written entry (forced blocks too), NaN at
+            the -1 slots; allocated when None and return_scores.
+        return_scores: also return out_scores.
         validate: check the lengths against the scores on the host (synchronizes for CUDA tensors).
         stream: as for msa.attention.
 
     Returns:
-        block_idx, int32 [T, H, topk].
+        block_idx, int32 [T, H, topk]; (block_idx, out_scores) with return_scores.
     """
     fn = "msa.select_topk"
     _layout(fn, layout)
     topk = integer(fn, "topk", topk)
-    if out is None:
+    if out is None or (out_scores is None and return_scores):
         T, H = (_dim(scores, 2), _dim(scores, 0)) if layout == "HKT" else (_dim(scores, 0), _dim(scores, 1))
-        out = new_output(fn, "out", scores, "scores", (T, H, max(topk, 0)), "int32")
+        if out is None:
+            out = new_output(fn, "out", scores, "scores", (T, H, max(topk, 0)), "int32")
+        if out_scores is None and return_scores:
+            out_scores = new_output(fn, "out_scores", scores, "scores", (T, H, max(topk, 0)), "float32")
     _C.select_topk(scores, qo_indptr, kv_lens, topk, qo_offset, layout, integer(fn, "force_begin", force_begin),
                    integer(fn, "force_end", force_end), bool(causal), out, bool(validate),
-                   resolve_stream(fn, stream, scores))
-    return out
+                   resolve_stream(fn, stream, scores), bool(finite_only), block_map, out_scores)
+    return (out, out_scores) if return_scores else out
 
 
 def merge_states(v_parts, lse_parts, *, out=None, lse_out=None, return_lse=False, stream=None):

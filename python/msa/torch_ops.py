@@ -14,7 +14,8 @@ let FakeTensor / torch.compile propagate through them):
     torch.ops.msa.block_scores(q, k_index, k_scale?, page_table, page_indptr?, qo_indptr, kv_lens, qo_offset?,
                                out!, layout: str, causal: bool, validate: bool)
     torch.ops.msa.select_topk(scores, qo_indptr, kv_lens, topk: int, qo_offset?, layout: str, force_begin: int,
-                              force_end: int, causal: bool, out!, validate: bool)
+                              force_end: int, causal: bool, out!, validate: bool, finite_only: bool = False,
+                              block_map? = None, out_scores!? = None)
     torch.ops.msa.build_page_table(req_to_token, req_pool_indices, seq_lens, page_size: int, out!)
     torch.ops.msa.merge_states(v_parts, lse_parts, out!, lse_out!?)
 
@@ -128,16 +129,19 @@ def _(q, k_index, k_scale, page_table, page_indptr, qo_indptr, kv_lens, qo_offse
     return None
 
 
-@torch.library.custom_op("msa::select_topk", mutates_args=("out",))
+@torch.library.custom_op("msa::select_topk", mutates_args=("out", "out_scores"))
 def _select_topk_op(scores: torch.Tensor, qo_indptr: torch.Tensor, kv_lens: torch.Tensor, topk: int,
                     qo_offset: Optional[torch.Tensor], layout: str, force_begin: int, force_end: int, causal: bool,
-                    out: torch.Tensor, validate: bool) -> None:
+                    out: torch.Tensor, validate: bool, finite_only: bool = False,
+                    block_map: Optional[torch.Tensor] = None, out_scores: Optional[torch.Tensor] = None) -> None:
     _msa.select_topk(scores, qo_indptr, kv_lens, topk, qo_offset=qo_offset, layout=layout, force_begin=force_begin,
-                     force_end=force_end, causal=causal, out=out, validate=validate)
+                     force_end=force_end, causal=causal, finite_only=finite_only, block_map=block_map, out=out,
+                     out_scores=out_scores, validate=validate)
 
 
 @_select_topk_op.register_fake
-def _(scores, qo_indptr, kv_lens, topk, qo_offset, layout, force_begin, force_end, causal, out, validate):
+def _(scores, qo_indptr, kv_lens, topk, qo_offset, layout, force_begin, force_end, causal, out, validate,
+      finite_only=False, block_map=None, out_scores=None):
     return None
 
 
@@ -218,18 +222,23 @@ def block_scores(q, k_index, page_table, qo_indptr, kv_lens, *, qo_offset=None, 
 
 
 def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT", force_begin=0, force_end=1,
-                causal=True, out=None, validate=False):
+                causal=True, finite_only=False, block_map=None, out=None, out_scores=None, return_scores=False,
+                validate=False):
     """msa.select_topk for torch tensors."""
-    if out is None:
+    if out is None or (out_scores is None and return_scores):
         T, H = (scores.shape[2], scores.shape[0]) if layout == "HKT" else (scores.shape[0], scores.shape[1])
-        out = scores.new_empty((T, H, topk), dtype=torch.int32)
+        if out is None:
+            out = scores.new_empty((T, H, topk), dtype=torch.int32)
+        if out_scores is None and return_scores:
+            out_scores = scores.new_empty((T, H, topk))
     if not _direct(scores):
         torch.ops.msa.select_topk(scores, qo_indptr, kv_lens, topk, qo_offset, layout, force_begin, force_end, causal,
-                                  out, validate)
+                                  out, validate, finite_only, block_map, out_scores)
     else:
         _msa.select_topk(scores, qo_indptr, kv_lens, topk, qo_offset=qo_offset, layout=layout,
-                         force_begin=force_begin, force_end=force_end, causal=causal, out=out, validate=validate)
-    return out
+                         force_begin=force_begin, force_end=force_end, causal=causal, finite_only=finite_only,
+                         block_map=block_map, out=out, out_scores=out_scores, validate=validate)
+    return (out, out_scores) if return_scores else out
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max_pages=None, out=None):

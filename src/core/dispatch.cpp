@@ -298,7 +298,8 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
 }
 
 void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& seqs, int topk, int force_begin,
-                 int force_end, const TensorView& out, bool causal, const RunOptions& opts) {
+                 int force_end, const TensorView& out, bool causal, const RunOptions& opts,
+                 const SelectTopkOptions& select) {
   const char* fn = "msa.select_topk";
   const Device dev = scores.device();
   const bool gpu = dev.is_cuda();
@@ -308,7 +309,9 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
                     {"qo_indptr", seqs.qo_indptr, {DType::kI32}},
                     {"kv_lens", seqs.kv_lens, {DType::kI32}},
                     {"qo_offset", seqs.qo_offset, {DType::kI32}},
-                    {"out", out, {DType::kI32}}});
+                    {"out", out, {DType::kI32}},
+                    {"block_map", select.block_map, {DType::kI32}},
+                    {"out_scores", select.out_scores, {DType::kF32}}});
   const bool hkt = layout == ScoreLayout::kHKT;
   arg(fn, "scores", scores)
       .ndim(3, hkt ? "[num_heads, max_blocks, total_q] (HKT)" : "[total_q, num_heads, max_blocks] (THK)")
@@ -354,6 +357,22 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
   p.out_stride_token = out.stride(0);
   p.out_stride_head = out.stride(1);
   p.out_stride_k = out.stride(2);
+  p.finite_only = select.finite_only;
+  if (select.block_map.defined()) {
+    arg(fn, "block_map", select.block_map).ndim(2, "[batch_size, max_blocks]").device(dev)
+        .size(0, B, "batch_size").size_at_least(1, NB, "max_blocks, the scores' block extent").nonneg_strides();
+    p.block_map = select.block_map.data_as<const int32_t>();
+    p.bm_stride_req = select.block_map.stride(0);
+    p.bm_stride_block = select.block_map.stride(1);
+  }
+  if (select.out_scores.defined()) {
+    arg(fn, "out_scores", select.out_scores).ndim(3, "[total_q, num_heads, topk]").device(dev)
+        .size(0, T, "total_q").size(1, H, "num_heads").size(2, topk, "topk").nonneg_strides();
+    p.out_scores = select.out_scores.data_as<float>();
+    p.os_stride_token = select.out_scores.stride(0);
+    p.os_stride_head = select.out_scores.stride(1);
+    p.os_stride_k = select.out_scores.stride(2);
+  }
   if (h) check_seq_values(fn, *h, B, T, causal, nullptr, "scores");
   if (T == 0) return;
   if (gpu)

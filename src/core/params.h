@@ -85,8 +85,15 @@ struct SelectTopkParams {
   int32_t block_size = 128;
   int32_t topk = 0, force_begin = 0, force_end = 0;
   bool causal = true;
+  bool finite_only = false;  // non-finite scores are never chosen by score (forced blocks still are)
   int32_t* out = nullptr;
   int64_t out_stride_token = 0, out_stride_head = 0, out_stride_k = 0;
+  // Optional: out holds block_map[b * bm_stride_req + blk * bm_stride_block] instead of blk (b: the token's request).
+  const int32_t* block_map = nullptr;
+  int64_t bm_stride_req = 0, bm_stride_block = 0;
+  // Optional: the score of each written entry, NaN at the -1 slots.
+  float* out_scores = nullptr;
+  int64_t os_stride_token = 0, os_stride_head = 0, os_stride_k = 0;
 };
 
 struct MergeParams {

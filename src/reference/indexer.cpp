@@ -84,6 +84,10 @@ struct RanksHigher {
   }
 };
 
+// The row's selection: the forced blocks (the first force_begin and the last force_end valid ones), then the
+// topk - force_begin - force_end best candidates (the other valid blocks; with finite_only only those of finite
+// score), all of them when fewer; ascending, -1 after them. With fewer valid blocks than topk every candidate
+// is taken, so that case needs no branch of its own.
 void select_item(const SelectTopkParams& p, const BatchMap& batch, int64_t t, int32_t h,
                  std::vector<int32_t>& chosen) {
   const TokenPlace pl = batch.place(t);
@@ -93,24 +97,31 @@ void select_item(const SelectTopkParams& p, const BatchMap& batch, int64_t t, in
     if (p.causal) valid = pl.pos < 0 ? 0 : std::min<int64_t>(valid, pl.pos / p.block_size + 1);
     valid = std::min<int64_t>(valid, p.max_blocks);
   }
+  const int32_t nv = static_cast<int32_t>(valid);
+  const float* row = p.scores + t * p.s_stride_token + h * p.s_stride_head;
+  auto score = [&](int32_t blk) { return row[blk * p.s_stride_block]; };
+  auto forced = [&](int32_t blk) { return blk < p.force_begin || blk >= nv - p.force_end; };
   chosen.clear();
-  if (valid <= p.topk) {
-    for (int32_t blk = 0; blk < valid; ++blk) chosen.push_back(blk);
-  } else {
-    const int32_t nv = static_cast<int32_t>(valid);
-    for (int32_t blk = 0; blk < p.force_begin; ++blk) chosen.push_back(blk);
-    for (int32_t blk = nv - p.force_end; blk < nv; ++blk) chosen.push_back(blk);
-    const size_t forced = chosen.size();
-    for (int32_t blk = p.force_begin; blk < nv - p.force_end; ++blk) chosen.push_back(blk);
-    const size_t keep = forced + static_cast<size_t>(p.topk - p.force_begin - p.force_end);
-    const RanksHigher order{p.scores + t * p.s_stride_token + h * p.s_stride_head, p.s_stride_block};
-    std::nth_element(chosen.begin() + forced, chosen.begin() + keep, chosen.end(), order);
-    chosen.resize(keep);
-    std::sort(chosen.begin(), chosen.end());
-  }
+  for (int32_t blk = 0; blk < nv; ++blk)
+    if (forced(blk)) chosen.push_back(blk);
+  const size_t num_forced = chosen.size();
+  for (int32_t blk = 0; blk < nv; ++blk)
+    if (!forced(blk) && (!p.finite_only || std::isfinite(score(blk)))) chosen.push_back(blk);
+  const size_t by_score = static_cast<size_t>(p.topk - p.force_begin - p.force_end);
+  const size_t keep = num_forced + std::min(by_score, chosen.size() - num_forced);
+  const RanksHigher order{row, p.s_stride_block};
+  std::nth_element(chosen.begin() + num_forced, chosen.begin() + keep, chosen.end(), order);
+  chosen.resize(keep);
+  std::sort(chosen.begin(), chosen.end());
+
+  const int32_t* map = p.block_map && pl.request >= 0 ? p.block_map + pl.request * p.bm_stride_req : nullptr;
   int32_t* out = p.out + t * p.out_stride_token + h * p.out_stride_head;
-  for (int32_t i = 0; i < p.topk; ++i)
-    out[i * p.out_stride_k] = i < static_cast<int32_t>(chosen.size()) ? chosen[i] : -1;
+  float* out_scores = p.out_scores ? p.out_scores + t * p.os_stride_token + h * p.os_stride_head : nullptr;
+  for (int32_t i = 0; i < p.topk; ++i) {
+    const int32_t blk = i < static_cast<int32_t>(chosen.size()) ? chosen[i] : -1;
+    out[i * p.out_stride_k] = blk < 0 ? -1 : map ? map[blk * p.bm_stride_block] : blk;
+    if (out_scores) out_scores[i * p.os_stride_k] = blk < 0 ? std::numeric_limits<float>::quiet_NaN() : score(blk);
+  }
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ torch = require_torch("msa.flashinfer", "serves FlashInfer's msa_ops API on torc
 
 from .. import torch_ops  # noqa: E402
 from ..plan import plan_decode, plan_prefill  # noqa: E402
-from .fmha_sm100 import _cpu_blocks_past_end_as_empty, sparse_topk_select  # noqa: E402
+from .fmha_sm100 import _cpu_blocks_past_end_as_empty  # noqa: E402
 
 __all__ = [
     "msa_proxy_score",
@@ -77,6 +77,8 @@ _PROGRAM_KINDS = ("sparse_decode", "proxy_decode", "proxy_prefill", "topk_select
 
 _decode_plans: dict = {}
 _decode_plans_lock = threading.Lock()
+_constants: dict = {}  # msa_topk_select's per-shape device constants (_constant)
+_MAX_CONSTANTS = 64
 
 
 def _name(fn: str) -> str:
@@ -308,7 +310,7 @@ def msa_topk_select(
         if num_valid_pages.device != dev:
             raise ValueError(f"{fn}: argument 'num_valid_pages': expected max_score's device {dev}, got "
                              f"{num_valid_pages.device}")
-        valid = num_valid_pages.clamp(0, tiles)
+        kv_lens = num_valid_pages.clamp(0, tiles).mul_(BLOCK)
     else:
         nvp = tiles if num_valid_pages is None else int(num_valid_pages)
         if not 0 < nvp <= tiles:
@@ -316,7 +318,8 @@ def msa_topk_select(
         if fb + fe > nvp:
             raise ValueError(f"{fn}: arguments 'force_begin_blocks' + 'force_end_blocks' ({fb} + {fe}) must be <= "
                              f"num_valid_pages ({nvp})")
-        valid = torch.full((total_q,), nvp, dtype=torch.int32, device=dev)
+        kv_lens = _constant(("kv_lens", dev, total_q, nvp),
+                            lambda: torch.full((total_q,), nvp * BLOCK, dtype=torch.int32, device=dev), max_score)
     if output is None:
         output = torch.empty((total_q, hq, topk), dtype=torch.int32, device=dev)
     elif tuple(output.shape) != (total_q, hq, topk) or output.dtype != torch.int32:
@@ -324,16 +327,31 @@ def msa_topk_select(
                          f"{output.dtype} {tuple(output.shape)}")
     if total_q == 0:
         return output
-    # fmha_sm100's selection (every token a non-causal request over its extent), then FlashInfer's rule below.
-    sel = sparse_topk_select(max_score, topk, num_valid_pages=valid, force_begin_blocks=fb, force_end_blocks=fe)
-    # msa ranks -inf like any score: drop non-finite picks that are not forced, then re-pack ascending.
-    picked = max_score.permute(2, 0, 1).gather(2, sel.clamp_min(0).to(torch.int64))
-    forced = (sel < fb) | (sel >= (valid - fe).view(-1, 1, 1))
-    keep = (sel >= 0) & (torch.isfinite(picked) | forced)
-    empty = torch.iinfo(torch.int32).max
-    packed = torch.where(keep, sel, empty).sort(dim=-1).values
-    output.copy_(packed.masked_fill(packed == empty, -1))
+    # Every token a non-causal request over its extent (its valid blocks are exactly [0, num_valid_pages), and
+    # force_end counts back from there; offset 0, as an empty extent makes the default offset -1); finite_only
+    # is FlashInfer's rule for non-finite scores.
+    indptr = _constant(("indptr", dev, total_q),
+                       lambda: torch.arange(total_q + 1, dtype=torch.int32, device=dev), max_score)
+    zeros = _constant(("zeros", dev, total_q), lambda: torch.zeros(total_q, dtype=torch.int32, device=dev), max_score)
+    torch_ops.select_topk(max_score, indptr, kv_lens, topk, qo_offset=zeros, layout="HKT", force_begin=fb,
+                          force_end=fe, causal=False, finite_only=True, out=output)
     return output
+
+
+def _constant(key, make, like: torch.Tensor) -> torch.Tensor:
+    """A device tensor that depends on its key only (token indptr, uniform lengths), made once for eager calls
+    on plain tensors. Not kept when made under CUDA-graph capture (its values exist only in the graph's
+    replays); traced calls (torch.compile, FakeTensor `like`) make their own."""
+    if not torch_ops._direct(like):
+        return make()
+    t = _constants.get(key)
+    if t is None:
+        t = make()
+        if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if len(_constants) >= _MAX_CONSTANTS:
+                _constants.clear()
+            _constants[key] = t
+    return t
 
 
 # ----------------------------------------------------------------------------------------- attention

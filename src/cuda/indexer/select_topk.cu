@@ -1,5 +1,6 @@
 // Launch of select_topk: the register capacity per lane is picked from the scores' block extent, the
-// decode form (speculative request guess and row loads) from the token and request counts.
+// decode form (speculative request guess and row loads) from the token and request counts, the instance
+// with the options' code (finite_only, block_map, out_scores) when any is given.
 #include "cuda/indexer/launch.h"
 #include "cuda/indexer/topk.cuh"
 #include "cuda/runtime/check.cuh"
@@ -28,15 +29,17 @@ void launch_cap(const SelectTopkParams& p, bool token_fastest, int64_t rows, cud
   // 128-byte line of scores in L1. Few rows (decode, 256 at B=64): 2 warps per CTA, one CTA per SM.
   const int warps = rows >= 132 * 64 ? 16 : (rows >= 132 * 8 ? 4 : 2);
   const auto grid = static_cast<unsigned>((rows + warps - 1) / warps);
-  if (p.seqs.total_q <= kTopkDecodeTokensPerRequest * static_cast<int64_t>(p.seqs.batch_size))
-    launch(&select_topk_kernel<CAP, true>, grid, warps * 32, 0, p, token_fastest, stream);
-  else
-    launch(&select_topk_kernel<CAP, false>, grid, warps * 32, 0, p, token_fastest, stream);
+  const bool decode = p.seqs.total_q <= kTopkDecodeTokensPerRequest * static_cast<int64_t>(p.seqs.batch_size);
+  const bool options = p.finite_only || p.block_map || p.out_scores;
+  auto kernel = decode ? (options ? &select_topk_kernel<CAP, true, true> : &select_topk_kernel<CAP, true, false>)
+                       : (options ? &select_topk_kernel<CAP, false, true> : &select_topk_kernel<CAP, false, false>);
+  launch(kernel, grid, warps * 32, 0, p, token_fastest, stream);
 }
 
 void launch_smem(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
   const int smem = (p.max_blocks + 31) / 32 * 32 * static_cast<int>(sizeof(uint32_t));
-  auto kernel = select_topk_kernel<0, false>;
+  const bool options = p.finite_only || p.block_map || p.out_scores;
+  auto kernel = options ? select_topk_kernel<0, false, true> : select_topk_kernel<0, false, false>;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   launch(kernel, static_cast<unsigned>(rows), 32, smem, p, token_fastest, stream);
 }

@@ -1,13 +1,15 @@
 // select_topk (contract §4): one warp per (token, head) row.
 //
 // Each score becomes a 32-bit key whose unsigned order is the contract's order (NaN lowest, below -inf;
-// -0 == +0), and 0 marks blocks that are not candidates (forced, or past the row's valid blocks). The
-// k'-th largest key (k' = topk - forced) is found by a bitwise search that starts below the bits all
-// candidates share (the common prefix of the row's largest and smallest key: sign and leading exponent
-// bits of same-sign scores) and stops as soon as the prefix isolates exactly k' keys. One ascending pass
-// over the blocks then takes the forced blocks and every key >= the threshold (or, when the search ended
-// on equal keys, every key above it and the lowest-index keys equal to it), and writes them in order
-// through ballot prefix counts, -1 after them: any output strides, no sort.
+// -0 == +0), and 0 marks blocks that are not candidates (forced, past the row's valid blocks, or of a
+// non-finite score with finite_only). The k'-th largest key (k' = topk - forced) is found by a bitwise
+// search that starts below the bits all candidates share (the common prefix of the row's largest and
+// smallest key: sign and leading exponent bits of same-sign scores) and stops as soon as the prefix
+// isolates exactly k' keys; with k' or fewer candidates (finite_only) there is no search: all of them. One
+// ascending pass over the blocks then takes the forced blocks and every key >= the threshold (or, when the
+// search ended on equal keys, every key above it and the lowest-index keys equal to it), and writes them in
+// order through ballot prefix counts, -1 after them: any output strides, no sort. block_map and out_scores
+// are applied to the written row (RowSink::finish).
 //
 // The per-row work is proportional to the keys each lane holds, so a row is processed with the smallest
 // power-of-two number of keys per lane that covers its valid blocks (P-32K rows hold 1..256 blocks).
@@ -20,10 +22,12 @@
 
 namespace msa::detail::cuda::indexer {
 
-__device__ __forceinline__ uint32_t score_key(float s) {
-  if (s != s) return 1u;                                       // NaN: lowest of all candidates
+__device__ __forceinline__ uint32_t score_key(float s, bool finite_only) {
+  if (s != s) return finite_only ? 0u : 1u;                    // NaN: lowest of all candidates, or none
   const uint32_t u = __float_as_uint(s == 0.f ? 0.f : s);      // -0 ties with +0
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);           // -inf -> 0x007FFFFF >= 2
+  const uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // -inf -> 0x007FFFFF >= 2
+  // Finite scores have keys in [0x00800000, 0xFF7FFFFF] (-FLT_MAX .. FLT_MAX).
+  return finite_only && k - 0x00800000u >= 0xFF000000u ? 0u : k;
 }
 
 // Keys of one row held in registers: lane l has blocks l, l+32, ..., C of them.
@@ -55,15 +59,59 @@ __device__ __forceinline__ int count_at_least(const Keys& keys, uint32_t x) {
   return __reduce_add_sync(kFullMask, c0 + c1);
 }
 
-// Selects and writes one row; n > topk valid blocks, keys built for blocks [fb, n - fe).
+// The token and head of warp row `row`: token-fastest rows take consecutive tokens of one head.
+template <typename I>
+__device__ __forceinline__ void row_token_head(I row, I num_tokens, I num_heads, bool token_fastest, I* t, I* h) {
+  *t = token_fastest ? row % num_tokens : row / num_heads;
+  *h = token_fastest ? row / num_tokens : row % num_heads;
+}
+
+// Where a row's selection goes. The selection writes block ids into out; finish() then maps them through
+// the request's block_map row and writes out_scores, reading the row back after the warp's writes (one more
+// round trip, only with those options). Lookups at the write instead, inside the unrolled pass over the keys,
+// took 32 registers to 52-64 at 1 key per lane and spilled at 64 keys per lane; finish() recomputes the row's
+// token and head (32-bit: rows < 2^31) rather than keeping them live through the selection.
+struct RowSink {
+  const SelectTopkParams& p;
+  int32_t* out;
+  int b;  // request
+  bool token_fastest;
+  __device__ __forceinline__ void put(int j, int blk) const { out[j * p.out_stride_k] = blk; }
+  __device__ __forceinline__ void empty(int j) const { out[j * p.out_stride_k] = -1; }
+  __device__ __forceinline__ void finish() const {
+    if (!p.block_map && !p.out_scores) return;
+    __syncwarp();  // the row's ids, written by any lane, visible to every lane
+    unsigned t, h;
+    row_token_head<unsigned>(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5),
+                             static_cast<unsigned>(p.seqs.total_q), static_cast<unsigned>(p.num_heads),
+                             token_fastest, &t, &h);
+    const int32_t* map = p.block_map ? p.block_map + b * p.bm_stride_req : nullptr;
+    float* os = p.out_scores ? p.out_scores + t * p.os_stride_token + h * p.os_stride_head : nullptr;
+    const float* srow = p.scores + t * p.s_stride_token + h * p.s_stride_head;
+#pragma unroll 1
+    for (int j = threadIdx.x & 31; j < p.topk; j += 32) {
+      const int blk = out[j * p.out_stride_k];
+      if (map && blk >= 0) out[j * p.out_stride_k] = __ldg(map + blk * p.bm_stride_block);
+      if (os) os[j * p.os_stride_k] = blk >= 0 ? __ldg(srow + blk * p.s_stride_block) : __uint_as_float(0x7FC00000u);
+    }
+  }
+};
+
+// Selects and writes one row; keys built for the candidates among blocks [fb, n - fe). Without finite_only
+// n > topk (shorter rows take every valid block, in the kernel).
 template <typename Keys>
-__device__ __forceinline__ void select_row(const Keys& keys, int n, const SelectTopkParams& p, int32_t* out) {
+__device__ __forceinline__ void select_row(const Keys& keys, int n, const SelectTopkParams& p, bool finite_only,
+                                           const RowSink& sink) {
   const int lane = threadIdx.x & 31;
   const unsigned lt = (1u << lane) - 1u;
   const int kp = p.topk - p.force_begin - p.force_end;  // blocks chosen by score
   uint32_t thr = 0xFFFFFFFFu;                            // above every key: nothing by score
   int need_eq = 0;                                       // > 0: take thr's lowest-index keys, this many
-  if (kp > 0) {
+  // Candidates (keys >= 1): every block of [fb, n - fe) unless finite_only drops some.
+  const int ncand = kp <= 0 ? 0 : finite_only ? count_at_least(keys, 1u) : n - p.force_begin - p.force_end;
+  if (finite_only && kp > 0 && ncand <= kp) {
+    thr = 1u;  // all of them: k' or fewer finite candidates (without finite_only n > topk: never)
+  } else if (kp > 0) {
     uint32_t mx = 0, mn = 0xFFFFFFFFu;
     keys.each([&](int, uint32_t k) {
       mx = max(mx, k);
@@ -75,7 +123,7 @@ __device__ __forceinline__ void select_row(const Keys& keys, int n, const Select
     // differ: start there, with the count of keys >= thr = all candidates.
     const uint32_t diff = mx ^ mn;
     thr = diff ? (mx & ~(0xFFFFFFFFu >> __clz(diff))) : mx;
-    int cnt = n - p.force_begin - p.force_end;
+    int cnt = ncand;
     for (int bit = 31 - __clz(diff); bit >= 0 && cnt != kp; --bit) {
       const uint32_t cand = thr | (1u << bit);
       const int c = count_at_least(keys, cand);
@@ -99,10 +147,10 @@ __device__ __forceinline__ void select_row(const Keys& keys, int n, const Select
       sel = forced || k >= thr;
     }
     const unsigned selm = __ballot_sync(kFullMask, sel);
-    if (sel) out[(pos + __popc(selm & lt)) * p.out_stride_k] = blk;
+    if (sel) sink.put(pos + __popc(selm & lt), blk);
     pos += __popc(selm);
   });
-  for (int j = pos + lane; j < p.topk; j += 32) out[j * p.out_stride_k] = -1;
+  for (int j = pos + lane; j < p.topk; j += 32) sink.empty(j);
 }
 
 // Calls f(std::integral_constant<int, C>) with the smallest power of two C >= nch, C <= CAP.
@@ -122,8 +170,11 @@ __device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
 // kDecode (few tokens per request, host-known): the request of token t is guessed as t * B / T (exact
 // for uniform batches, checked, searched otherwise) and the row's scores and the guessed request's
 // lengths are loaded together, so a row costs one round trip to memory instead of three.
+// kOptions: any of finite_only, block_map, out_scores is given. A plain call runs an instance without
+// their code, so that the options do not change its register allocation (one instance serving both spilled
+// 4-20 bytes at 8, 16 or 64 keys per lane depending on how the options were written).
 // Launched with PDL on sm_90 (launch_select_topk): nothing is read before arch::grid_dependency_wait().
-template <int CAP, bool kDecode>
+template <int CAP, bool kDecode, bool kOptions>
 __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams p, bool token_fastest) {
   extern __shared__ uint32_t smem_keys[];
   arch::grid_dependency_wait();
@@ -133,10 +184,10 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
   const int64_t T = p.seqs.total_q;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5);
   if (row >= T * p.num_heads) return;
-  const int64_t t = token_fastest ? row % T : row / p.num_heads;
-  const int h = static_cast<int>(token_fastest ? row / T : row % p.num_heads);
+  int64_t t, h64;
+  row_token_head<int64_t>(row, T, p.num_heads, token_fastest, &t, &h64);
+  const int h = static_cast<int>(h64);
   const float* srow = p.scores + t * p.s_stride_token + h * p.s_stride_head;
-  int32_t* out = p.out + t * p.out_stride_token + h * p.out_stride_head;
 
   static_assert(!kDecode || CAP > 0, "decode rows are held in registers");
   float v[kDecode ? CAP : 1];
@@ -149,23 +200,33 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
   }
   auto indptr = [&](int i) { return clamp_to<int64_t>(p.seqs.qo_indptr[i], 0, T); };
   Request rq;
+  int b = -1;
   bool found = false;
   if constexpr (kDecode) {
-    rq = load_request(p.seqs, static_cast<int>(t * p.seqs.batch_size / T));  // its loads issue together
+    b = static_cast<int>(t * p.seqs.batch_size / T);
+    rq = load_request(p.seqs, b);  // its loads issue together
     found = rq.q_begin <= t && t < rq.q_begin + rq.q_len;
   }
   if (!found) {
-    const int b = warp_last_le(p.seqs.batch_size, t, indptr);
+    b = warp_last_le(p.seqs.batch_size, t, indptr);
     if (b < 0) return;
     rq = load_request(p.seqs, b);
     if (t >= rq.q_begin + rq.q_len) return;  // not a token of the batch
   }
+  const RowSink sink{p, p.out + t * p.out_stride_token + h * p.out_stride_head, b, token_fastest};
   const int64_t pos = rq.offset + (t - rq.q_begin);
   const int64_t nkv = min64((rq.kv_len + kBlock - 1) / kBlock, p.max_blocks);
   const int n = static_cast<int>(p.causal ? (pos < 0 ? 0 : min64(pos / kBlock + 1, nkv)) : nkv);
 
-  if (n <= p.topk) {  // every valid block
-    for (int j = lane; j < p.topk; j += 32) out[j * p.out_stride_k] = j < n ? j : -1;
+  const bool finite_only = kOptions && p.finite_only;
+  if (n <= p.topk && (!finite_only || n == 0)) {  // every valid block
+    for (int j = lane; j < p.topk; j += 32) {
+      if (j < n)
+        sink.put(j, j);
+      else
+        sink.empty(j);
+    }
+    if constexpr (kOptions) sink.finish();
     return;
   }
   const int lo = p.force_begin, hi = n - p.force_end;  // candidates by score
@@ -178,7 +239,7 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
 #pragma unroll
         for (int i = 0; i < C; ++i) {
           const int blk = 32 * i + lane;
-          keys.k[i] = blk >= lo && blk < hi ? score_key(v[i]) : 0u;
+          keys.k[i] = blk >= lo && blk < hi ? score_key(v[i], finite_only) : 0u;
         }
       } else {
         // All loads first (address clamped to block 0) so that they are in flight together.
@@ -191,20 +252,22 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
 #pragma unroll
         for (int i = 0; i < C; ++i) {
           const int blk = 32 * i + lane;
-          keys.k[i] = blk >= lo && blk < hi ? score_key(w[i]) : 0u;
+          keys.k[i] = blk >= lo && blk < hi ? score_key(w[i], finite_only) : 0u;
         }
       }
-      select_row(keys, n, p, out);
+      select_row(keys, n, p, finite_only, sink);
     });
   } else {
     uint32_t* buf = smem_keys + (threadIdx.x >> 5) * ((p.max_blocks + 31) / 32 * 32);
     for (int i = 0; i < nch; ++i) {
       const int blk = 32 * i + lane;
-      buf[i * 32 + lane] = blk >= lo && blk < hi ? score_key(__ldg(srow + blk * p.s_stride_block)) : 0u;
+      buf[i * 32 + lane] =
+          blk >= lo && blk < hi ? score_key(__ldg(srow + blk * p.s_stride_block), finite_only) : 0u;
     }
     __syncwarp();
-    select_row(SmemKeys{buf, nch}, n, p, out);
+    select_row(SmemKeys{buf, nch}, n, p, finite_only, sink);
   }
+  if constexpr (kOptions) sink.finish();
 }
 
 }  // namespace msa::detail::cuda::indexer

@@ -2,9 +2,10 @@
 backend: every kernel family (decode: sm_90a TMA ring and streaming; prefill: sm_90a wgmma with a TMA or
 cp.async producer, portable mma.sync with fp8 keys), both score layouts, both index layouts, paged and
 strided caches, page ids outside the pool, NaN-poisoned outputs, the decode and prefill forms of the
-top-k, and CUDA graph replay with lengths rewritten in place. Scores with fp8 keys are exact except on the
-sm_90 fp8-MMA prefill kernel (the default there), whose e4m3-rounded queries mt.fp8_mma_queries models
-(fp8_expectation); MSA_INDEXER_PREFILL=portable checks the exact path of the same shapes.
+top-k and its options (finite_only, block_map, out_scores), and CUDA graph replay with lengths rewritten in
+place. Scores with fp8 keys are exact except on the sm_90 fp8-MMA prefill kernel (the default there), whose
+e4m3-rounded queries mt.fp8_mma_queries models (fp8_expectation); MSA_INDEXER_PREFILL=portable checks the
+exact path of the same shapes.
 
 Run on a GPU machine: PYTHONPATH=build/python python3 -m pytest tests/python/gpu/test_gpu_indexer.py -q -s
 (-s shows the printed fp8-vs-bf16 selection agreement).
@@ -389,6 +390,151 @@ def test_select_topk_offsets_and_empty_rows(rng, causal):
         np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, 16, qo_offset=qo_offset, causal=causal))
     if not causal:
         assert (got[:4] == -1).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# select_topk's options: finite_only, block_map, out_scores (the CUDA kernel against the CPU backend)
+
+def spiky_scores(rng, T, H, nb, *, ties=True):
+    """Scores where each row keeps a random share of finite values (none, a few, about half, nearly all); the
+    rest NaN, -inf or +inf."""
+    s = random_scores(rng, T, H, nb, ties=ties, nan_frac=0.0, ninf_frac=0.0)
+    keep = rng.choice([0.0, 0.02, 0.5, 0.95], (T, H, 1))
+    gone = rng.random(s.shape) >= keep
+    kind = rng.random(s.shape)
+    s[gone & (kind < 0.4)] = np.nan
+    s[gone & (kind >= 0.4) & (kind < 0.95)] = -np.inf
+    s[gone & (kind >= 0.95)] = np.inf
+    return s
+
+
+def topk_options(s_thk, qo_indptr, kv_lens, topk, *, device, score_layout="THK", qo_offset=None, force=(0, 1),
+                 causal=True, finite_only=True, block_map=None):
+    """msa.select_topk with the options on numpy (CPU backend) or torch CUDA tensors: (ids, scores) as numpy.
+    block_map is passed with row stride max_blocks + 3, out_scores as a head-major view with slot stride 2."""
+    T, H, nb = s_thk.shape
+    cuda = device == "cuda"
+
+    def put(a):
+        a = np.ascontiguousarray(a)
+        return torch.from_numpy(a).cuda() if cuda else a
+
+    s = s_thk if score_layout == "THK" else s_thk.transpose(1, 2, 0)
+    bm = None
+    if block_map is not None:
+        store = np.full((block_map.shape[0], nb + 3), -9, np.int32)
+        store[:, :nb] = block_map
+        bm = put(store)[:, :nb]
+    os_store = put(np.full((H, T, 2 * topk), 5.0, np.float32))
+    out_scores = (os_store.permute(1, 0, 2) if cuda else os_store.transpose(1, 0, 2))[:, :, ::2]
+    ids, _ = msa.select_topk(put(s), put(np.asarray(qo_indptr, np.int32)), put(np.asarray(kv_lens, np.int32)), topk,
+                             qo_offset=None if qo_offset is None else put(np.asarray(qo_offset, np.int32)),
+                             layout=score_layout, force_begin=force[0], force_end=force[1], causal=causal,
+                             finite_only=finite_only, block_map=bm, out_scores=out_scores, return_scores=True)
+    ids, os_host = (ids.cpu().numpy(), os_store.cpu().numpy()) if cuda else (np.array(ids), np.array(os_store))
+    assert (os_host[:, :, 1::2] == 5.0).all(), "out_scores written outside its view"
+    return ids, os_host[:, :, ::2].transpose(1, 0, 2)
+
+
+def assert_options_match(s, qo_indptr, kv_lens, topk, **kw):
+    got = topk_options(s, qo_indptr, kv_lens, topk, device="cuda", **kw)
+    kw.pop("score_layout", None)
+    want = topk_options(s, qo_indptr, kv_lens, topk, device="cpu", **kw)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])  # NaN where NaN
+
+
+def owned_ids(rng, B, nb):
+    """A block map: per request, nb distinct global ids in [0, 4 nb), ascending like a shard's owned blocks."""
+    return np.sort(rng.random((B, 4 * nb)).argsort(axis=1)[:, :nb], axis=1).astype(np.int32)
+
+
+@pytest.mark.parametrize("score_layout", ["HKT", "THK"])
+@pytest.mark.parametrize("finite_only", [True, False])
+@pytest.mark.parametrize("force", [(0, 1), (1, 1), (2, 3), (0, 0)])
+@pytest.mark.parametrize("topk", [1, 16, 64])
+def test_select_topk_options(rng, topk, force, finite_only, score_layout):
+    if sum(force) > topk:
+        force = (0, topk)
+    qo_lens, kv_lens = [1, 7, 300, 1], [130, 4100, 9000, 65536]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    nb = math.ceil(max(kv_lens) / 128)
+    s = spiky_scores(rng, int(qo_indptr[-1]), 4, nb)
+    assert_options_match(s, qo_indptr, kv_lens, topk, score_layout=score_layout, force=force,
+                         finite_only=finite_only, block_map=owned_ids(rng, len(kv_lens), nb))
+
+
+@pytest.mark.parametrize("nb", [1, 40, 100, 600, 1500, 2500])
+@pytest.mark.parametrize("ties", [False, True])
+def test_select_topk_options_row_lengths(rng, nb, ties):
+    """Every register capacity (1..64 keys per lane) and the shared-memory path (> 2048 blocks), decode
+    (one token per request) and prefill (many tokens per request) forms, rows with few or no finite scores."""
+    for qo_lens in ([1, 1, 1, 0], [9, 3, 5, 0]):
+        kv_lens = [nb * 128, nb * 128 - 5, 77, 0]
+        qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+        s = spiky_scores(rng, int(qo_indptr[-1]), 2, nb, ties=ties)
+        for score_layout in ("HKT", "THK"):
+            assert_options_match(s, qo_indptr, kv_lens, 16, score_layout=score_layout, force=(1, 1),
+                                 block_map=owned_ids(rng, 4, nb))
+
+
+@pytest.mark.parametrize("case", ["decode", "mtp_uniform", "ragged_few_tokens", "prefill_causal", "per_token"])
+@pytest.mark.parametrize("score_layout", ["HKT", "THK"])
+def test_select_topk_options_forms(rng, case, score_layout):
+    """The decode form (request guessed from the token) and the prefill form, each option alone and all
+    together; per_token: every token its own non-causal request (msa.flashinfer.msa_topk_select's call)."""
+    offset, causal = None, True
+    if case == "decode":
+        qo_lens, kv_lens = [1] * 9, [130, 4100, 9000, 65536, 1, 128, 129, 20000, 2048]
+    elif case == "mtp_uniform":
+        qo_lens, kv_lens = [3] * 5, [400, 4100, 9000, 65536, 3]
+    elif case == "ragged_few_tokens":
+        qo_lens, kv_lens = [0, 4, 1, 0, 3, 2, 1], [10, 900, 5000, 7, 30000, 65536, 300]
+    elif case == "prefill_causal":
+        qo_lens, kv_lens = [5000, 40], [9000, 40]
+    else:
+        qo_lens = [1] * 64
+        kv_lens = list(rng.integers(0, 260, 64) * 128)
+        offset, causal = [0] * 64, False
+    B = len(qo_lens)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    nb = max(math.ceil(max(kv_lens) / 128), 1)
+    s = spiky_scores(rng, int(qo_indptr[-1]), 4, nb)
+    bm = owned_ids(rng, B, nb)
+    for finite_only, block_map in ((True, None), (False, bm), (True, bm)):
+        assert_options_match(s, qo_indptr, kv_lens, 16, score_layout=score_layout, qo_offset=offset, causal=causal,
+                             force=(0, 1), finite_only=finite_only, block_map=block_map)
+
+
+def test_select_topk_options_in_a_cuda_graph(rng):
+    """finite_only + block_map + out_scores captured once, replayed with new scores and lengths."""
+    B, nb, topk = 8, 300, 16
+    qo_indptr = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    kv = torch.full((B,), nb * 128, dtype=torch.int32, device="cuda")
+    s = torch.from_numpy(spiky_scores(rng, B, 4, nb)).cuda()
+    bm = torch.from_numpy(owned_ids(rng, B, nb)).cuda()
+    ids = torch.empty((B, 4, topk), dtype=torch.int32, device="cuda")
+    sc = torch.empty((B, 4, topk), device="cuda")
+
+    def step():
+        msa.select_topk(s, qo_indptr, kv, topk, layout="THK", finite_only=True, block_map=bm, out=ids,
+                        out_scores=sc)
+
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for _ in range(3):
+        new_s = spiky_scores(rng, B, 4, nb)
+        new_kv = rng.integers(1, nb * 128 + 1, B).astype(np.int32)
+        s.copy_(torch.from_numpy(new_s))
+        kv.copy_(torch.from_numpy(new_kv))
+        g.replay()
+        torch.cuda.synchronize()
+        want = topk_options(new_s, np.arange(B + 1), new_kv, topk, device="cpu", block_map=bm.cpu().numpy())
+        np.testing.assert_array_equal(ids.cpu().numpy(), want[0])
+        np.testing.assert_array_equal(sc.cpu().numpy(), want[1])
 
 
 # ---------------------------------------------------------------------------------------------
