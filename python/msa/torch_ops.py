@@ -14,8 +14,8 @@ let FakeTensor / torch.compile propagate through them):
     torch.ops.msa.block_scores(q, k_index, k_scale?, page_table, page_indptr?, qo_indptr, kv_lens, qo_offset?,
                                out!, layout: str, causal: bool, validate: bool)
     torch.ops.msa.select_topk(scores, qo_indptr, kv_lens, topk: int, qo_offset?, layout: str, force_begin: int,
-                              force_end: int, causal: bool, out!, validate: bool, finite_only: bool = False,
-                              block_map? = None, out_scores!? = None)
+                              force_end: int, causal: bool, out!, validate: bool, finite_only: bool, block_map?,
+                              out_scores!?)
     torch.ops.msa.build_page_table(req_to_token, req_pool_indices, seq_lens, page_size: int, out!)
     torch.ops.msa.merge_states(v_parts, lse_parts, out!, lse_out!?)
 
@@ -132,8 +132,10 @@ def _(q, k_index, k_scale, page_table, page_indptr, qo_indptr, kv_lens, qo_offse
 @torch.library.custom_op("msa::select_topk", mutates_args=("out", "out_scores"))
 def _select_topk_op(scores: torch.Tensor, qo_indptr: torch.Tensor, kv_lens: torch.Tensor, topk: int,
                     qo_offset: Optional[torch.Tensor], layout: str, force_begin: int, force_end: int, causal: bool,
-                    out: torch.Tensor, validate: bool, finite_only: bool = False,
-                    block_map: Optional[torch.Tensor] = None, out_scores: Optional[torch.Tensor] = None) -> None:
+                    out: torch.Tensor, validate: bool, finite_only: bool, block_map: Optional[torch.Tensor],
+                    out_scores: Optional[torch.Tensor]) -> None:
+    # No defaults: a call normalized by the dispatcher drops trailing default arguments, and the ADInplaceOrView
+    # kernel then indexes the mutated out_scores past the arguments (torch 2.11).
     _msa.select_topk(scores, qo_indptr, kv_lens, topk, qo_offset=qo_offset, layout=layout, force_begin=force_begin,
                      force_end=force_end, causal=causal, finite_only=finite_only, block_map=block_map, out=out,
                      out_scores=out_scores, validate=validate)
@@ -141,7 +143,7 @@ def _select_topk_op(scores: torch.Tensor, qo_indptr: torch.Tensor, kv_lens: torc
 
 @_select_topk_op.register_fake
 def _(scores, qo_indptr, kv_lens, topk, qo_offset, layout, force_begin, force_end, causal, out, validate,
-      finite_only=False, block_map=None, out_scores=None):
+      finite_only, block_map, out_scores):
     return None
 
 

@@ -361,7 +361,7 @@ def test_opcheck(rng):
                            None, scores, "HKT", True, False))
     torch.library.opcheck(torch.ops.msa.select_topk.default,
                           (scores, t["qo_indptr"], t["kv_lens"], 2, None, "HKT", 0, 1, True,
-                           torch.empty(T, HQ, 2, dtype=torch.int32), False))
+                           torch.empty(T, HQ, 2, dtype=torch.int32), False, False, None, None))
     r2t = torch.arange(2 * 256, dtype=torch.int32).reshape(2, 256)
     torch.library.opcheck(torch.ops.msa.build_page_table.default,
                           (r2t, torch.tensor([1, 0]), torch.tensor([200, 3]), 128,
