@@ -44,9 +44,10 @@ DECODE_BYTES_PER_REQUEST = 4 * 16 * 128 * 128 * 2 * 2 + 2 * 64 * 128 * 2
 BARS_DECODE = 0.85  # D-B32..B128, fraction of the copy ceiling
 BARS_PREFILL = {"random": 250, "clustered": 450, "shared": 550}  # P-32K and P-chunk, TFLOP/s
 
-COLORS = {"msa": "#1f5fa8", "msa-tp4": "#6fa0d8", "sglang": "#d9822b", "flashinfer-fp8": "#7a9a01",
+COLORS = {"msa": "#1f5fa8", "msa-tp4": "#6fa0d8", "msa-fp8": "#16a085", "sglang": "#d9822b", "flashinfer-fp8": "#7a9a01",
           "flex": "#8e44ad", "cudnn-sdpa": "#7f7f7f"}
-NAMES = {"msa": "msa", "msa-tp4": "msa, M3-TP4", "sglang": "sglang Triton", "flashinfer-fp8": "FlashInfer (fp8 K/V)",
+NAMES = {"msa": "msa", "msa-tp4": "msa, M3-TP4", "msa-fp8": "msa, fp8 K/V", "sglang": "sglang Triton",
+         "flashinfer-fp8": "FlashInfer (fp8 K/V)",
          "flex": "FlexAttention", "cudnn-sdpa": "cuDNN SDPA (dense)"}
 TITLES = {"P-32K": "P-32K: 32768 tokens, no prefix", "P-chunk": "P-chunk: 4096 tokens after 28672 cached"}
 FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
@@ -88,12 +89,12 @@ def load(bench: str) -> dict:
 def decode_chart(doc: dict) -> Svg:
     """Fraction of the copy ceiling against the batch size (log scale), msa's M3 shapes and the peers at M3-TP1."""
     series = {}
-    for key, shape in (("msa", "M3-TP1"), ("msa-tp4", "M3-TP4")):
+    for key, shape, suffix in (("msa", "M3-TP1", ""), ("msa-tp4", "M3-TP4", ""), ("msa-fp8", "M3-TP1", "-fp8")):
         pts = {}
         for r in doc["rows"]:
-            if (r["shape"] == shape and r["impl"] == "msa" and r["pattern"] == "random"
-                    and r["workload"].startswith("D-B") and r["ratio"] is not None):
-                pts[int(r["workload"][3:])] = r["ratio"]
+            m = re.fullmatch(r"D-B(\d+)" + suffix, r["workload"])
+            if m and r["shape"] == shape and r["impl"] == "msa" and r["pattern"] == "random" and r["ratio"] is not None:
+                pts[int(m.group(1))] = r["ratio"]
         series[key] = pts
     series["sglang"] = {b: b * DECODE_BYTES_PER_REQUEST / (us * 1e-6) / 1e9 / PEERS["copy_gbps"]
                         for b, us in PEERS["sglang_decode_us"].items()}
@@ -256,6 +257,22 @@ def indexer_table(doc: dict) -> str:
     return table(["workload", "layout", "us", "TFLOP/s", "GB/s", "ratio", "bar"], rows)
 
 
+def layer_table(doc: dict) -> str:
+    """The layer step's chain rows with their stages beside them (one row per workload and shape)."""
+    stages = {(r["workload"], r["shape"], r["pattern"]): r for r in doc["rows"] if r["impl"] == "msa"}
+    rows = []
+    for r in doc["rows"]:
+        if r["pattern"] != "chain":
+            continue
+        st = {p: stages.get((r["workload"], r["shape"], p), {}).get("us") if r["impl"] == "msa" else None
+              for p in ("scores", "topk", "attention")}
+        spec = r.get("bar")
+        bar = bar_cell("ratio", float(spec.split(">=")[1]), r["ratio"]) if spec and ">=" in spec else ""
+        rows.append([r["workload"], r["shape"], r["impl"], fmt(r["us"], 1), fmt(st["scores"], 1), fmt(st["topk"], 1),
+                     fmt(st["attention"], 1), fmt(r["ratio"], 3), bar])
+    return table(["workload", "shape", "impl", "chain us", "scores", "top-k", "attention", "ratio", "bar"], rows)
+
+
 def host_table(plan: dict, run_host: dict) -> str:
     rows = []
     for r in plan["rows"] + run_host["rows"]:
@@ -277,6 +294,7 @@ def records_table(docs: dict) -> str:
 def rewrite_tables(docs: dict) -> None:
     tables = {"records": records_table(docs), "decode": decode_table(docs["decode"]),
               "prefill": prefill_table(docs["prefill"]), "indexer": indexer_table(docs["indexer"]),
+              "layer": layer_table(docs["layer"]),
               "host": host_table(docs["plan"], docs["run_host"])}
     text = DOC.read_text()
     for name, body in tables.items():
@@ -288,7 +306,7 @@ def rewrite_tables(docs: dict) -> None:
 
 
 def main() -> None:
-    docs = {b: load(b) for b in ("decode", "prefill", "indexer", "plan", "run_host")}
+    docs = {b: load(b) for b in ("decode", "prefill", "indexer", "layer", "plan", "run_host")}
     decode_chart(docs["decode"]).write(IMG / "decode_copy_fraction.svg")
     prefill_chart(docs["prefill"]).write(IMG / "prefill_tflops.svg")
     rewrite_tables(docs)
