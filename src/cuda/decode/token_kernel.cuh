@@ -17,7 +17,9 @@
 //    registers while those reads are in flight: index -> page -> K/V are the only dependent reads;
 //  * the 4 warps split each 64-key tile 16 keys apiece for S = Q K^T, exchange row maxima and sums
 //    through shared memory (two barriers), and split the head dim 32 columns apiece for O += P V: the
-//    softmax state is the same in every warp, so there is no combine at the end;
+//    softmax state is the same in every warp, so there is no combine at the end (fp8 K/V: each warp takes
+//    its 16 keys of a tile for both products with its own softmax state, and the warps merge once at the
+//    end: token_fp8_loop.cuh);
 //  * splits (<= 16) merge inside a thread-block cluster through distributed shared memory
 //    by pushing (kPushMerge, where the plan's clusters fit: see push_merge_receive below), else
 //    through split_merge.cuh (the general kernel's pull merge; bitwise the same).
