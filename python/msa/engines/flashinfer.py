@@ -340,17 +340,16 @@ def msa_topk_select(
 
 def _constant(key, make, like: torch.Tensor) -> torch.Tensor:
     """A device tensor that depends on its key only (token indptr, uniform lengths), made once for eager calls
-    on plain tensors. Not kept when made under CUDA-graph capture (its values exist only in the graph's
-    replays); traced calls (torch.compile, FakeTensor `like`) make their own."""
-    if not torch_ops._direct(like):
+    on plain tensors. Under CUDA-graph capture a fresh one is made every time: it lives in the graph's memory
+    pool as long as the graph, whereas a cached tensor may be evicted (and its memory reused) while a graph
+    still reads it. Traced calls (torch.compile, FakeTensor `like`) make their own."""
+    if not torch_ops._direct(like) or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
         return make()
     t = _constants.get(key)
     if t is None:
-        t = make()
-        if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
-            if len(_constants) >= _MAX_CONSTANTS:
-                _constants.clear()
-            _constants[key] = t
+        if len(_constants) >= _MAX_CONSTANTS:
+            _constants.clear()
+        t = _constants[key] = make()
     return t
 
 
