@@ -27,3 +27,19 @@ def load_torch_and_common(script: str):
     import common
     common.main_guard()
     return torch, common
+
+
+def print_row(r: dict, columns: list, extras: tuple = ()) -> None:
+    """One console line of a result row: the named columns (key, width), then its time, GB/s and ratio, then the
+    extra keys it holds; a row with an 'error' prints that instead of figures."""
+    fields = [f"{r[key]:{width}s}" for key, width in columns]
+    if r.get("error"):
+        fields.append(f"error: {r['error']}")
+    else:
+        fields.append(f"{r['us']:9.2f} us")
+        if r.get("gbps") is not None:
+            fields.append(f"{r['gbps']:7.0f} GB/s")
+        if r.get("ratio") is not None:
+            fields.append(f"ratio {r['ratio']:.3f}")
+        fields += [f"{k} {r[k]}" for k in extras if r.get(k) is not None]
+    print("  ".join(fields), flush=True)

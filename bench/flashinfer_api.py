@@ -274,11 +274,7 @@ def bench_workload(name: str, batch: int, qo_len: int, kv_len: int, pool: Pool, 
 
 
 def print_row(r: dict):
-    fields = [f"{r['workload']:12s}", f"{r['pattern']:18s}", f"{r['impl']:15s}", f"{r['us']:9.2f} us"]
-    for k in ("host_us", "over_native_us", "gbps", "max_err"):
-        if r.get(k) is not None:
-            fields.append(f"{k} {r[k]}")
-    print("  ".join(fields), flush=True)
+    cli.print_row(r, [("workload", 12), ("pattern", 18), ("impl", 15)], ("host_us", "over_native_us", "max_err"))
 
 
 def main():

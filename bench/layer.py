@@ -304,20 +304,8 @@ def accuracy(bf16: Step, fp8: Step, fp8_ok: bool) -> dict:
 
 
 def print_row(r: dict):
-    fields = [f"{r['workload']:20s}", f"{r['shape']:7s}", f"{r['pattern']:14s}", f"{r['impl']:18s}"]
-    if r.get("error"):
-        fields.append(f"error: {r['error']}")
-    else:
-        fields.append(f"{r['us']:9.2f} us")
-        if r.get("gbps") is not None:
-            fields.append(f"{r['gbps']:7.0f} GB/s")
-        if r.get("ratio") is not None:
-            fields.append(f"ratio {r['ratio']:.3f}")
-        for k in ("sum_of_stages_us", "max_err", "topk_bad_rows", "recall", "out_max_abs", "out_rel_fro",
-                  "meets_bar"):
-            if r.get(k) is not None:
-                fields.append(f"{k} {r[k]}")
-    print("  ".join(fields), flush=True)
+    cli.print_row(r, [("workload", 20), ("shape", 7), ("pattern", 14), ("impl", 18)],
+                  ("sum_of_stages_us", "max_err", "topk_bad_rows", "recall", "out_max_abs", "out_rel_fro", "meets_bar"))
 
 
 def bench_workload(workload: str, shape: str, batch: int, kv_len: int, ceil: dict, iters: int) -> list:

@@ -475,15 +475,9 @@ def two_gpu_rows(ceil: dict, args, unsharded: dict, one_gpu: dict) -> list:
 
 
 def print_row(r: dict):
-    fields = [f"{r['workload']:18s}", f"{r['shape']:10s}", f"{r['pattern']:8s}", f"{r['impl']:13s}",
-              f"{r['us']:10.2f} us"]
-    if r.get("gbps") is not None:
-        fields.append(f"{r['gbps']:7.0f} GB/s")
-    for k in ("vs_unsharded", "vs_one_gpu", "speedup", "max_err", "mismatch_rows", "exchange_recv_bytes",
-              "meets_bar"):
-        if r.get(k) is not None:
-            fields.append(f"{k} {r[k]}")
-    print("  ".join(fields), flush=True)
+    cli.print_row(r, [("workload", 18), ("shape", 10), ("pattern", 8), ("impl", 13)],
+                  ("vs_unsharded", "vs_one_gpu", "speedup", "max_err", "mismatch_rows", "exchange_recv_bytes",
+                   "meets_bar"))
 
 
 def main():

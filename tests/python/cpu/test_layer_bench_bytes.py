@@ -54,3 +54,15 @@ def test_selection_recall():
     got = np.array([[[2, 1, 9, 8]], [[-1, 6, 7, -1]]])  # keeps 1, 2 of the first row's 3; 6 of the second's 2
     assert layer.selection_recall(ref, got) == 3 / 5
     assert layer.selection_recall(np.full((1, 1, 4), -1), got[:1]) == 1.0
+
+
+def test_console_row(capsys):
+    """The benches' shared console line (bench/cli.py): columns, time, GB/s, ratio, the extras present; or the error."""
+    import cli
+    cli.print_row({"workload": "L-step-D-B64", "shape": "M3-TP1", "us": 337.02, "gbps": 3988.9, "ratio": 0.9494,
+                   "max_err": 0.00046, "recall": None}, [("workload", 14), ("shape", 7)], ("max_err", "recall"))
+    cli.print_row({"workload": "x", "shape": "y", "error": "boom"}, [("workload", 2), ("shape", 2)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["L-step-D-B64", "M3-TP1", "337.02", "us", "3989", "GB/s", "ratio", "0.949",
+                                "max_err", "0.00046"]
+    assert lines[1] == "x   y   error: boom"
