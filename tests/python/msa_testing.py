@@ -522,3 +522,21 @@ class no_host_sync:
 
         torch.cuda.set_sync_debug_mode("default")
         return False
+
+
+def flashinfer_topk_reference(scores, nvp, fb: int, fe: int, topk: int) -> np.ndarray:
+    """FlashInfer's msa_topk_select rule: scores (H, tiles, T); per (token, head) the forced first fb / last fe
+    blocks of the token's extent [0, nvp[t]) (all tiles when nvp is None), then the best finite scores among the
+    others (ties to the lower index), ascending, -1 padded to (T, H, topk)."""
+    H, P, T = scores.shape
+    out = np.full((T, H, topk), -1, np.int32)
+    for t in range(T):
+        valid = P if nvp is None else max(0, min(int(nvp[t]), P))
+        forced = set(range(min(fb, valid))) | set(range(max(valid - fe, 0), valid))
+        for h in range(H):
+            col = scores[h, :valid, t]
+            cands = sorted((i for i in range(valid) if i not in forced and np.isfinite(col[i])),
+                           key=lambda i: (-col[i], i))
+            chosen = sorted(forced | set(cands[:topk - len(forced)]))
+            out[t, h, :len(chosen)] = chosen
+    return out

@@ -109,23 +109,6 @@ def test_proxy_score_fp8_keys_flat_keys_offsets_and_output(rng):
 # ------------------------------------------------------------------------------------------ msa_topk_select
 
 
-def flashinfer_topk_reference(scores, nvp, fb, fe, topk):
-    """FlashInfer's rule: per (token, head) the forced sink / window blocks of the token's extent, then the best
-    finite scores among the others (ties to the lower index), ascending, -1 padded."""
-    H, P, T = scores.shape
-    out = np.full((T, H, topk), -1, np.int32)
-    for t in range(T):
-        valid = P if nvp is None else max(0, min(int(nvp[t]), P))
-        forced = set(range(min(fb, valid))) | set(range(max(valid - fe, 0), valid))
-        for h in range(H):
-            col = scores[h, :valid, t]
-            cands = sorted((i for i in range(valid) if i not in forced and np.isfinite(col[i])),
-                           key=lambda i: (-col[i], i))
-            chosen = sorted(forced | set(cands[:topk - len(forced)]))
-            out[t, h, :len(chosen)] = chosen
-    return out
-
-
 def test_topk_select_matches_msa_reference_on_finite_scores(rng):
     H, P, T = 2, 20, 9
     scores = rng.standard_normal((H, P, T)).astype(np.float32)
@@ -136,7 +119,7 @@ def test_topk_select_matches_msa_reference_on_finite_scores(rng):
                              force_end=2, causal=False)
     assert got.dtype == torch.int32 and tuple(got.shape) == (T, H, 6)
     np.testing.assert_array_equal(got.numpy(), ref)
-    np.testing.assert_array_equal(got.numpy(), flashinfer_topk_reference(scores, nvp, 1, 2, 6))
+    np.testing.assert_array_equal(got.numpy(), mt.flashinfer_topk_reference(scores, nvp, 1, 2, 6))
 
 
 def test_topk_select_never_picks_non_finite_blocks_and_pads_with_minus_one(rng):
@@ -149,7 +132,7 @@ def test_topk_select_never_picks_non_finite_blocks_and_pads_with_minus_one(rng):
     out = torch.full((T, H, 16), 7, dtype=torch.int32)
     got = fi.msa_topk_select(torch.from_numpy(scores), 16, t32(nvp), out, force_begin_blocks=1, force_end_blocks=1)
     assert got is out
-    np.testing.assert_array_equal(got.numpy(), flashinfer_topk_reference(scores, nvp, 1, 1, 16))
+    np.testing.assert_array_equal(got.numpy(), mt.flashinfer_topk_reference(scores, nvp, 1, 1, 16))
     rows = got.numpy().reshape(-1, 16)
     for r in rows:  # ascending, -1 only as a tail
         n = int((r >= 0).sum())
@@ -157,9 +140,9 @@ def test_topk_select_never_picks_non_finite_blocks_and_pads_with_minus_one(rng):
     # the scalar and default extents, as vLLM's decode-only tests call it
     dense = rng.standard_normal((4, 64, 32)).astype(np.float32)
     got = fi.msa_topk_select(torch.from_numpy(dense), 16)
-    np.testing.assert_array_equal(got.numpy(), flashinfer_topk_reference(dense, None, 0, 0, 16))
+    np.testing.assert_array_equal(got.numpy(), mt.flashinfer_topk_reference(dense, None, 0, 0, 16))
     got = fi.msa_topk_select(torch.from_numpy(dense), 16, 40, force_begin_blocks=2, force_end_blocks=3)
-    np.testing.assert_array_equal(got.numpy(), flashinfer_topk_reference(dense, [40] * 32, 2, 3, 16))
+    np.testing.assert_array_equal(got.numpy(), mt.flashinfer_topk_reference(dense, [40] * 32, 2, 3, 16))
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -288,7 +271,7 @@ def test_index_score_topk_attention_pipeline(rng):
     sel = fi.msa_topk_select(scores, topk, num_valid_pages=nvp, force_begin_blocks=1, force_end_blocks=1)
     ref_scores = mt.ref_block_scores(index.q, index.k_cache, index.page_table, None, index.qo_indptr, kv_lens,
                                      max_blocks=tiles).transpose(1, 2, 0)
-    np.testing.assert_array_equal(sel.numpy(), flashinfer_topk_reference(ref_scores, nvp.numpy(), 1, 1, topk))
+    np.testing.assert_array_equal(sel.numpy(), mt.flashinfer_topk_reference(ref_scores, nvp.numpy(), 1, 1, topk))
     o = fi.msa_sparse_decode_attention(bf16(prob.q), bf16(prob.k_cache), bf16(prob.v_cache),
                                        sel.transpose(0, 1).contiguous(), page_table=t32(prob.page_table),
                                        seqused_k=t32(kv_lens), seqlen_q=seqlen_q)

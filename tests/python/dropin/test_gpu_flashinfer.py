@@ -198,26 +198,10 @@ def test_index_score_topk_attention_pipeline_captured(rng):
         assert (np.isfinite(got_scores) == finite).all(), "-inf pattern differs"
         np.testing.assert_allclose(got_scores[finite], ref_scores[finite], rtol=1e-3, atol=1e-2)
         pos = np.concatenate([kl[b] - seqlen_q + np.arange(seqlen_q) for b in range(B)])
-        np.testing.assert_array_equal(sel_rep.cpu().numpy(), topk_reference(got_scores, pos // P + 1, 1, 1))
+        want = mt.flashinfer_topk_reference(got_scores, pos // P + 1, 1, 1, TOPK)
+        np.testing.assert_array_equal(sel_rep.cpu().numpy(), want)
         data["sel"] = sel_rep.cpu().numpy()
         mt.assert_close(host(o_rep), reference(cache, data)[0], what=f"o at iteration {it}")
-
-
-def topk_reference(scores, nvp, fb, fe):
-    """FlashInfer's selection rule over the kernel's own scores: forced sink / window blocks of the token's
-    extent, then the best finite scores (ties to the lower index), ascending, -1 tail."""
-    H, tiles, T = scores.shape
-    out = np.full((T, H, TOPK), -1, np.int32)
-    for t in range(T):
-        valid = max(0, min(int(nvp[t]), tiles))
-        forced = set(range(min(fb, valid))) | set(range(max(valid - fe, 0), valid))
-        for h in range(H):
-            col = scores[h, :valid, t]
-            cands = sorted((i for i in range(valid) if i not in forced and np.isfinite(col[i])),
-                           key=lambda i: (-col[i], i))
-            chosen = sorted(forced | set(cands[:TOPK - len(forced)]))
-            out[t, h, :len(chosen)] = chosen
-    return out
 
 
 def test_first_capture_without_warm_up_raises(rng):
