@@ -56,7 +56,7 @@ bool can_run(const PortableState& s, const AttentionParams& p);
 // The whole prefill: the tile lists, the paged kernel on the query-major tiles, the KV-major chain.
 void run_prefill(const PortableState& s, const decode::State& paged, const Plan& plan, const AttentionParams& p,
                  cudaStream_t stream);
-std::string describe(const PortableState& s);  // "portable=prefill kvmajor=always|wide-union windows=.."
+std::string describe(const PortableState& s);  // "portable=prefill kvmajor=always|wide-union tiles=.. windows=.. .."
 }  // namespace prefill_portable
 
 }  // namespace msa::detail::cuda

@@ -46,6 +46,14 @@ static_assert(2 * sizeof(ItemRecord) + kMaxJobTokens * sizeof(int2) <= kRecordBy
 template <typename T, bool kF8, int KV_STAGES>
 __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_constant__ KvParams p) {
   static_assert(KV_STAGES == 1 || KV_STAGES == 2, "one or two K/V stages");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && __CUDA_ARCH__ < 1300
+  // sm_12x parts let a CTA have 99 KiB: the host never launches two K/V stages there (config.h), and the
+  // fp8 two-stage body would spill 4 bytes there.
+  if constexpr (KV_STAGES == 2) {
+    __trap();
+    return;
+  }
+#endif
   using prefill_sm90::SeqView;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t smem_base = arch::smem_addr(smem);

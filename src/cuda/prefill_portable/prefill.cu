@@ -123,7 +123,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 std::string describe(const PortableState& s) {
   return std::string("portable=prefill kvmajor=") + (s.rule == KvMajorRule::kAlways ? "always" : "wide-union") +
          " tiles=" + std::to_string(s.num_tiles) + " windows=" + std::to_string(s.num_windows) +
-         " window_tiles=" + std::to_string(s.window_tiles) + " kv_stages=" + std::to_string(s.kv_stages);
+         " window_tiles=" + std::to_string(s.window_tiles) + " key_stripes=" + std::to_string(s.key_stripes) +
+         " kv_stages=" + std::to_string(s.kv_stages);
 }
 
 std::shared_ptr<PortableState> make_portable_state(const Plan& plan, const CudaPlanState& dev,
