@@ -23,10 +23,19 @@ constexpr Knob kTable[] = {
      "KV-major (G >= 8; smaller groups stay query-major).",
      "Benchmarks time each decomposition (bench/prefill.py msa-qmajor / msa-kvmajor, bench/run_host.py); tests "
      "run their cases under each, since auto sends a small problem almost wholly one way."},
+    {"MSA_PORTABLE_PREFILL",
+     {"auto", "qmajor", "kvmajor"},
+     "The portable prefill (sm_80+; on sm_90 where the Hopper kernels do not take the plan): auto sends sparse "
+     "tiles whose block union is wide to its KV-major path and the rest to the paged kernel; qmajor every tile "
+     "to the paged kernel; kvmajor every sparse tile KV-major (G >= 8, head dim 128). Other than auto, prefill "
+     "plans take the portable family on sm_90 too, instead of the Hopper kernels.",
+     "Tests check the portable prefill's paths on the H200 whatever the build holds; benchmarks time each "
+     "decomposition of the portable prefill (what the A100, L40S and RTX GPUs run) in one process."},
     {"MSA_SM90_KV_WINDOW_TILES",
      {nullptr, nullptr, nullptr},
-     "The most tiles of a KV-major window (unset: as many as the 2 GiB budget of partial outputs holds, "
-     "4096 tiles at top-16). Each window is one launch of the KV-major kernel and one of the merge.",
+     "The most tiles of a KV-major window, of the Hopper prefill and of the portable one (unset: as many as "
+     "the 2 GiB budget of partial outputs holds, 4096 tiles at top-16). Each window is one launch of the "
+     "KV-major kernel and one of the merge.",
      "Tests run several windows (window offsets, counters and lists per window) on problems small enough for "
      "the float64 reference, which otherwise fit one window; benchmarks measured L2-sized windows with it."},
     {"MSA_PAGED_TOKEN_KERNEL",
@@ -82,11 +91,12 @@ int64_t read(int id, const char* fn) {
 }
 
 constexpr int kPrefill = find("MSA_SM90_PREFILL");
+constexpr int kPortable = find("MSA_PORTABLE_PREFILL");
 constexpr int kWindowTiles = find("MSA_SM90_KV_WINDOW_TILES");
 constexpr int kTokenKernel = find("MSA_PAGED_TOKEN_KERNEL");
 constexpr int kIndexerPrefill = find("MSA_INDEXER_PREFILL");
 constexpr int kIndexerDecode = find("MSA_INDEXER_DECODE");
-static_assert(kPrefill >= 0 && kWindowTiles >= 0 && kTokenKernel >= 0 && kIndexerPrefill >= 0 && kIndexerDecode >= 0,
+static_assert(kPrefill >= 0 && kPortable >= 0 && kWindowTiles >= 0 && kTokenKernel >= 0 && kIndexerPrefill >= 0 && kIndexerDecode >= 0,
               "every accessor's variable is in the table");
 
 }  // namespace
@@ -95,6 +105,10 @@ std::span<const Knob> table() { return kTable; }
 
 PrefillDecomposition prefill_decomposition(const char* fn) {
   return static_cast<PrefillDecomposition>(read(kPrefill, fn));  // choices in the enum's order
+}
+
+PortablePrefill portable_prefill(const char* fn) {
+  return static_cast<PortablePrefill>(read(kPortable, fn));  // choices in the enum's order
 }
 
 int64_t kv_window_tiles(const char* fn) { return read(kWindowTiles, fn); }

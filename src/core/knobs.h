@@ -26,6 +26,11 @@ std::span<const Knob> table();
 enum class PrefillDecomposition { kAuto, kQMajor, kKvMajor };
 PrefillDecomposition prefill_decomposition(const char* fn);
 
+// MSA_PORTABLE_PREFILL: the portable prefill's decomposition; other than auto, prefill plans take the
+// portable family on sm_90 too.
+enum class PortablePrefill { kAuto, kQMajor, kKvMajor };
+PortablePrefill portable_prefill(const char* fn);
+
 // MSA_SM90_KV_WINDOW_TILES: the most tiles of a KV-major window; 0 when unset (no cap).
 int64_t kv_window_tiles(const char* fn);
 

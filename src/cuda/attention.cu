@@ -1,5 +1,7 @@
 // The attention entry of the CUDA backend: builds a plan's per-family state and routes each run
-// to the Hopper prefill kernels when they apply, to the paged (sm_80+) family otherwise.
+// to the Hopper prefill kernels when they apply; else a prefill with a KV-major path to the portable
+// prefill (its KV-major kernel beside the paged kernel); else to the paged (sm_80+) family.
+#include "core/knobs.h"
 #include "cuda/runtime/device_buffer.cuh"
 #include "cuda/plan_state.h"
 #include "msa/error.h"
@@ -14,8 +16,15 @@ std::shared_ptr<PlanState> make_plan_state(const Plan& plan) {
   s->cc = compute_capability(s->device);
   MSA_CHECK(s->cc >= 80, kNotImplemented, "msa.plan: device ", device_name(plan.device()),
             " has compute capability ", s->cc / 10, ".", s->cc % 10, "; msa's kernels need 8.0 or newer");
-  if (plan.phase() == Phase::kPrefill && s->cc == 90) s->sm90_prefill = prefill_sm90::make_prefill_state(plan, *s);
+  const bool prefill = plan.phase() == Phase::kPrefill;
+  // MSA_PORTABLE_PREFILL (core/knobs.h) other than auto sends prefill plans to the portable family on
+  // sm_90 too.
+  const auto portable = prefill ? knobs::portable_prefill("msa.plan_prefill") : knobs::PortablePrefill::kAuto;
+  if (prefill && s->cc == 90 && portable == knobs::PortablePrefill::kAuto)
+    s->sm90_prefill = prefill_sm90::make_prefill_state(plan, *s);
   s->paged = decode::make_state(plan, *s);
+  if (prefill && !s->sm90_prefill && portable != knobs::PortablePrefill::kQMajor)
+    s->portable_prefill = prefill_portable::make_portable_state(plan, *s, *s->paged);
   return s;
 }
 
@@ -24,6 +33,7 @@ std::string CudaPlanState::describe() const {
   // back to the paged family, listed after them).
   std::string out = "device=" + std::to_string(device) + " sm=" + std::to_string(cc);
   if (sm90_prefill) out += " " + prefill_sm90::describe(*sm90_prefill);
+  if (portable_prefill) out += " " + prefill_portable::describe(*portable_prefill);
   if (paged) out += " " + decode::describe(*paged);
   return out;
 }
@@ -35,6 +45,10 @@ void attention(const Plan& plan, const AttentionParams& p, void* stream) {
   auto st = static_cast<cudaStream_t>(stream);
   if (s.sm90_prefill && prefill_sm90::can_run(*s.sm90_prefill, p)) {
     prefill_sm90::run_prefill(*s.sm90_prefill, plan, p, st);
+    return;
+  }
+  if (s.portable_prefill && prefill_portable::can_run(*s.portable_prefill, p)) {
+    prefill_portable::run_prefill(*s.portable_prefill, *s.paged, plan, p, st);
     return;
   }
   decode::run(*s.paged, plan, p, st);

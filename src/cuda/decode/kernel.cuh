@@ -134,6 +134,9 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   arch::grid_dependency_wait();   // nothing the previous kernel wrote is read before this (PDL)
   arch::allow_dependent_launch(); // the next kernel may take free SM slots and wait there for this one
   const int g = blockIdx.y, split = blockIdx.z, S = kp.num_splits;
+  // Items of the KV-major path (written by the previous kernel: after the PDL wait); the whole
+  // cluster or item returns together, its counters untouched.
+  if (kp.skip_items != nullptr && kp.skip_items[static_cast<int64_t>(blockIdx.x) * gridDim.y + g] != 0) return;
   const bool sparse = p.block_idx != nullptr;
   int b, tile;
   if (kp.scan_tiles) {

@@ -58,6 +58,11 @@ struct KernelParams {
   float* part_o = nullptr;
   float* part_lse = nullptr;
   uint32_t* counters = nullptr;
+
+  // Prefill with a KV-major path (src/cuda/prefill_portable/): per item (tile x, KV head), at
+  // x * gridDim.y + head, nonzero when the KV-major path computes the item's rows; every split of such
+  // an item returns at once, writing nothing. null: no item is skipped.
+  const int32_t* skip_items = nullptr;
 };
 
 }  // namespace msa::detail::cuda::decode

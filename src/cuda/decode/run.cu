@@ -11,7 +11,7 @@
 
 namespace msa::detail::cuda::decode {
 
-void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream) {
+void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream, const int32_t* skip_items) {
   MSA_CHECK(s.unsupported.empty(), kNotImplemented, s.unsupported);
   const void* fn = s.token_kernel ? token_kernel_entry(p.dtype, p.kv_dtype, s.push_merge)
                                   : kernel_entry(p.dtype, p.kv_dtype, s.head_dim, s.rows);
@@ -33,6 +33,7 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   kp.fixed_split_blocks = s.fixed_split_blocks;
   kp.num_stages = p.kv_dtype == ScalarType::kF8E4M3 && !s.token_kernel ? s.stages_fp8 : s.stages;
   kp.list_cap = s.list_cap;
+  kp.skip_items = skip_items;
   kp.spec_qo_len = s.spec_qo_len;
   kp.tq_shift = s.tq_shift;
   const int ps = p.k.page_size;

@@ -1,0 +1,336 @@
+// The portable KV-major sparse prefill kernel (sm_80+: cp.async, ldmatrix, mma.sync m16n8k16). See
+// config.h for the tile sizes and docs/prefill_portable.md for the design.
+//
+// A persistent CTA of 8 warps claims work items of one window (KvWorkItem: a key = (request, KV head,
+// block) and up to 64 of the (token, slot) entries that selected it) and runs their jobs back to back:
+// job = the item's block against one Q tile of 128 / G tokens (128 rows). Per job:
+//   wait for its Q tile (and, at an item's first job, its K/V), take Q into registers (ldmatrix);
+//   issue the next job's Q gather (cp.async, lands while this job computes); 2 KV stages: at the item's
+//   second-to-last job, the next item's K/V;
+//   S = Q K^T (8 warps x 16 rows x 128 keys x 128 dims: 128 mma.sync a warp), mask each row to the keys
+//   its token sees in the block, exact softmax in the exp2 domain (one block a row: no running maximum),
+//   O = P V (128 mma.sync a warp), write the normalized partial o (q's dtype) and its lse (log2 domain).
+// Rows attend alone, so the result does not depend on which CTA or in which order a job ran.
+//
+// Shared memory: KV_STAGES x {K, V} (128 rows of 256 B each, 16-byte chunk c of row r at c ^ (r & 7):
+// the 8 rows an ldmatrix reads hit 8 bank groups), one Q tile (same layout), the item records.
+// Keys past kv_len and keys of an invalid page are zero-filled (cp.async with src-size 0) and masked.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/arch/fast_math.cuh"
+#include "cuda/arch/fp8.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/pdl.cuh"
+#include "cuda/arch/sm80.cuh"
+#include "cuda/prefill_portable/config.h"
+#include "cuda/prefill_portable/params.h"
+#include "cuda/prefill_sm90/tile_common.cuh"
+
+namespace msa::detail::cuda::prefill_portable {
+
+// What a CTA knows of a claimed work item; written by thread 0, read by all after a barrier.
+struct ItemRecord {
+  int32_t item;  // -1: none (the window's items are exhausted)
+  int32_t kv_head, block, start, count;
+  int32_t qo_start, qo_len, kv_len, offset;  // the request's lengths (prefill_sm90::SeqView)
+  int32_t valid_keys;                        // keys of the block that exist: 0 on an invalid page
+  int64_t k_base, v_base;                    // element offset of the block's key 0 in the caches
+};
+static_assert(2 * sizeof(ItemRecord) + kMaxJobTokens * sizeof(int2) <= kRecordBytes, "records fit their bytes");
+
+template <typename T, bool kF8, int KV_STAGES>
+__global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_constant__ KvParams p) {
+  static_assert(KV_STAGES == 1 || KV_STAGES == 2, "one or two K/V stages");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && __CUDA_ARCH__ < 1300
+  // sm_12x parts let a CTA have 99 KiB: the host never launches two K/V stages there (config.h), and the
+  // fp8 two-stage body would spill 4 bytes there.
+  if constexpr (KV_STAGES == 2) {
+    __trap();
+    return;
+  }
+#endif
+  using prefill_sm90::SeqView;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t smem_base = arch::smem_addr(smem);
+  const uint32_t q_buf = smem_base + KV_STAGES * 2 * kBlockBytes;
+  ItemRecord* rec = reinterpret_cast<ItemRecord*>(smem + KV_STAGES * 2 * kBlockBytes + kQBytes);  // [2]
+  int2* job_pairs = reinterpret_cast<int2*>(rec + 2);  // [kMaxJobTokens]: the gathered job's {q row, entry}
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const KvLists& L = p.lists;
+  const int gshift = p.group_shift, G = 1 << gshift;
+  const int TT = kRows >> gshift;  // tokens a job
+  arch::grid_dependency_wait();  // the lists are the previous kernels' (PDL on sm_90+)
+  const int32_t n_items = min(L.item_count[p.window], L.item_capacity);
+  int32_t* counter = L.item_counter + p.window;
+  const KvWorkItem* items = L.items + static_cast<int64_t>(p.window) * L.item_capacity;
+  const int64_t window_entries = static_cast<int64_t>(L.window_tiles) * L.list_capacity;
+  const int2* pairs = L.pairs + p.window * window_entries;
+  const T* qg = static_cast<const T*>(p.q);
+  const unsigned char* kg = static_cast<const unsigned char*>(p.k.data);
+  const unsigned char* vg = static_cast<const unsigned char*>(p.v.data);
+  constexpr int kElem = kF8 ? 1 : 2;  // bytes of a K/V element in the cache
+
+  // Thread 0: the next item of the window into r (r.item = -1 when none is left).
+  const auto claim = [&](ItemRecord& r) {
+    const int32_t i = atomicAdd(counter, 1);
+    r.item = -1;
+    if (i >= n_items) return;
+    const KvWorkItem w = items[i];
+    if (w.request < 0 || w.request >= p.seqs.batch_size || w.kv_head < 0 || w.kv_head >= p.k.num_heads) return;
+    const SeqView v = prefill_sm90::load_seq(p.seqs, w.request);
+    const int64_t key0 = static_cast<int64_t>(w.block) * kBlockKeys;
+    const int32_t page = prefill_sm90::physical_page(p.pages, w.request, w.block / p.page_blocks);
+    const int64_t koff = static_cast<int64_t>(w.block % p.page_blocks) * kBlockKeys;
+    r.item = i;
+    r.kv_head = w.kv_head;
+    r.block = w.block;
+    r.start = max(w.start, 0);
+    r.count = max(0, min(w.count, static_cast<int32_t>(window_entries - r.start)));
+    r.qo_start = v.qo_start;
+    r.qo_len = v.qo_len;
+    r.kv_len = v.kv_len;
+    r.offset = v.offset;
+    r.valid_keys = page < 0 ? 0 : static_cast<int32_t>(prefill_sm90::clamp64(v.kv_len - key0, 0, kBlockKeys));
+    r.k_base = page < 0 ? 0 : page * p.k.stride_page + w.kv_head * p.k.stride_head + koff * p.k.stride_token;
+    r.v_base = page < 0 ? 0 : page * p.v.stride_page + w.kv_head * p.v.stride_head + koff * p.v.stride_token;
+  };
+
+  // K and V of item r into KV stage `stage`. 16-bit: 16 threads a 256-byte row. fp8: 8 threads a 128-byte
+  // row, into the second half of the 16-bit buffer (widened in place by widen()).
+  const auto load_kv = [&](const ItemRecord& r, int stage) {
+    const uint32_t kb = smem_base + stage * 2 * kBlockBytes, vb = kb + kBlockBytes;
+    constexpr int kChunks = kF8 ? 8 : 16;  // 16-byte chunks of a cache row
+    constexpr int kPasses = kBlockKeys * kChunks / kThreads;
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      const int idx = tid + k * kThreads;
+      const int row = idx / kChunks, c = idx % kChunks;
+      const bool ok = row < r.valid_keys;
+      const uint32_t dst = kF8 ? kBlockBytes / 2 + row * (kRowBytes / 2) + c * 16 : row * kRowBytes + ((c ^ (row & 7)) << 4);
+      const unsigned char* ks = ok ? kg + (r.k_base + row * p.k.stride_token) * kElem + c * 16 : kg;
+      const unsigned char* vs = ok ? vg + (r.v_base + row * p.v.stride_token) * kElem + c * 16 : vg;
+      arch::cp_async_16(kb + dst, ks, ok ? 16 : 0);
+      arch::cp_async_16(vb + dst, vs, ok ? 16 : 0);
+    }
+  };
+
+  // fp8: the e4m3 rows of KV stage `stage` (landed, visible to the CTA) widened to T in place, exactly.
+  // A thread widens the chunks it loaded; the barrier between the reads and the writes keeps a widened
+  // row from overwriting raw bytes another thread has not read yet.
+  const auto widen = [&](int stage) {
+    unsigned char* kb = smem + stage * 2 * kBlockBytes;
+    constexpr int kPasses = kBlockKeys * 8 / kThreads;
+    uint4 raw[2][kPasses];
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      const int idx = tid + k * kThreads, row = idx / 8, c = idx % 8;
+#pragma unroll
+      for (int kv = 0; kv < 2; ++kv)
+        raw[kv][k] = *reinterpret_cast<const uint4*>(kb + kv * kBlockBytes + kBlockBytes / 2 + row * 128 + c * 16);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      const int idx = tid + k * kThreads, row = idx / 8, c = idx % 8;
+#pragma unroll
+      for (int kv = 0; kv < 2; ++kv) {
+        uint4 lo, hi;
+        arch::e4m3x16_to<T>(raw[kv][k], lo, hi);
+        unsigned char* rb = kb + kv * kBlockBytes + row * kRowBytes;
+        *reinterpret_cast<uint4*>(rb + (((2 * c) ^ (row & 7)) << 4)) = lo;
+        *reinterpret_cast<uint4*>(rb + (((2 * c + 1) ^ (row & 7)) << 4)) = hi;
+      }
+    }
+    __syncthreads();
+  };
+
+  // Q rows of job jj of item r into the Q buffer (rows of absent tokens zero-filled), and the job's
+  // {q row, window entry} pairs into job_pairs ({-1, -1} for absent tokens).
+  const auto gather_q = [&](const ItemRecord& r, int jj) {
+    constexpr int kPasses = kRows * 16 / kThreads;
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      const int idx = tid + k * kThreads;
+      const int row = idx >> 4, c = idx & 15;
+      const int t = row >> gshift, h = row & (G - 1);
+      const int jt = jj * TT + t;
+      const bool ok = jt < r.count;
+      const int2 pr = ok ? pairs[r.start + jt] : make_int2(-1, -1);
+      const T* src = ok ? qg + pr.x * p.q_stride_token + static_cast<int64_t>(r.kv_head * G + h) * p.q_stride_head + c * 8
+                        : qg;
+      arch::cp_async_16(q_buf + row * kRowBytes + ((c ^ (row & 7)) << 4), src, ok ? 16 : 0);
+      if (c == 0 && h == 0) job_pairs[t] = pr;
+    }
+  };
+
+  // ldmatrix lane offsets (as the paged kernel's): every row a lane points at has (row & 7) == (lane & 7).
+  uint32_t swz_a[4], swz_b[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    swz_a[q] = ((2 * q + (lane >> 4)) ^ (lane & 7)) << 4;
+    swz_b[q] = ((2 * q + ((lane >> 3) & 1)) ^ (lane & 7)) << 4;
+  }
+  const uint32_t q_lane = q_buf + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes;
+  const uint32_t k_lane = (((lane >> 4) << 3) + (lane & 7)) * kRowBytes;
+  const uint32_t v_lane = kBlockBytes + ((((lane >> 3) & 1) << 3) + (lane & 7)) * kRowBytes;
+  T* part_o = static_cast<T*>(L.part_o);
+
+  // ---- prologue: the first item, its K/V and its first Q tile -------------------------------------------
+  if (tid == 0) claim(rec[0]);
+  __syncthreads();
+  if (rec[0].item < 0) return;
+  load_kv(rec[0], 0);
+  arch::cp_async_commit();
+  gather_q(rec[0], 0);
+  arch::cp_async_commit();
+
+  int cur = 0, stage = 0;
+  bool kv_ahead = false;  // the latest committed group is the next item's K/V, not needed by the next job
+  for (;;) {
+    const ItemRecord& R = rec[cur];
+    const ItemRecord& N = rec[cur ^ 1];
+    const int njobs = max(1, (R.count + TT - 1) / TT);
+    const int32_t blk_key0 = R.block * kBlockKeys;
+    SeqView view;
+    view.qo_start = R.qo_start;
+    view.qo_len = R.qo_len;
+    view.kv_len = R.kv_len;
+    view.offset = R.offset;
+    const int32_t valid_keys = R.valid_keys;
+    for (int jj = 0; jj < njobs; ++jj) {
+      if (kv_ahead) arch::cp_async_wait<1>(); else arch::cp_async_wait<0>();
+      __syncthreads();  // (A) this job's Q (and the item's K/V) landed for every thread
+      if constexpr (kF8) {
+        if (jj == 0) widen(stage);
+      }
+      uint32_t qa[kHeadDim / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) arch::ldmatrix_x4(qa[kk], q_lane + (kk >> 2) * 128 + swz_a[kk & 3]);
+      // This thread's two rows: the token's {q row, window entry}, the keys of the block it sees.
+      int2 mine[2];
+      int lim[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int row = warp * 16 + (lane >> 2) + 8 * j;
+        mine[j] = job_pairs[row >> gshift];
+        const int32_t i = mine[j].x - view.qo_start;
+        const int32_t end = mine[j].x < 0 ? 0 : prefill_sm90::visible_key_end(view, i, p.causal);
+        lim[j] = max(0, min(end - blk_key0, valid_keys));
+      }
+      if (jj == 0 && tid == 0) claim(rec[cur ^ 1]);  // the next item (its slot's reads are done: barrier A)
+      __syncthreads();  // (B) the Q buffer and job_pairs are free; the next item's record is visible
+      const bool next = N.item >= 0;
+      if (jj + 1 < njobs) gather_q(R, jj + 1);
+      else if (next) gather_q(N, 0);
+      arch::cp_async_commit();
+      kv_ahead = false;
+      if constexpr (KV_STAGES == 2) {
+        if (next && jj == max(0, njobs - 2)) {
+          load_kv(N, stage ^ 1);
+          arch::cp_async_commit();
+          kv_ahead = jj + 1 < njobs;  // the item's last job does not need it; the next item's first does
+        }
+      }
+
+      // ---- S = Q K^T ----
+      const uint32_t kb = smem_base + stage * 2 * kBlockBytes;
+      float s[kBlockKeys / 8][4];
+#pragma unroll
+      for (int n = 0; n < kBlockKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < kBlockKeys / 16; ++np) {
+          uint32_t bk[4];
+          arch::ldmatrix_x4(bk, kb + k_lane + np * 16 * kRowBytes + (kk >> 2) * 128 + swz_b[kk & 3]);
+          arch::mma_m16n8k16<T>(s[2 * np], qa[kk], bk[0], bk[1]);
+          arch::mma_m16n8k16<T>(s[2 * np + 1], qa[kk], bk[2], bk[3]);
+        }
+      }
+      // ---- mask, exact softmax (exp2 domain) ----
+      const float sl2 = p.scale_log2;
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kBlockKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kl = n * 8 + (lane & 3) * 2 + (e & 1);
+          s[n][e] = kl < lim[e >> 1] ? s[n][e] * sl2 : -INFINITY;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        }
+      }
+      float l[2] = {0.f, 0.f}, base[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        mx[j] = fmaxf(mx[j], __shfl_xor_sync(~0u, mx[j], 1));
+        mx[j] = fmaxf(mx[j], __shfl_xor_sync(~0u, mx[j], 2));
+        base[j] = mx[j] == -INFINITY ? 0.f : mx[j];  // a row that sees nothing: exp2(-inf - 0) = 0
+      }
+#pragma unroll
+      for (int n = 0; n < kBlockKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] = arch::exp2_approx(s[n][e] - base[e >> 1]);
+          l[e >> 1] += s[n][e];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        l[j] += __shfl_xor_sync(~0u, l[j], 1);
+        l[j] += __shfl_xor_sync(~0u, l[j], 2);
+      }
+      // ---- O = P V: two key n-tiles of S are the A fragment of one 16-key k-step ----
+      const uint32_t vb = kb + v_lane;
+      float o[kHeadDim / 8][4];
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < kBlockKeys / 16; ++ks) {
+        uint32_t pa[4];
+        pa[0] = arch::pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+        pa[1] = arch::pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+        pa[2] = arch::pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        pa[3] = arch::pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+#pragma unroll
+        for (int np = 0; np < kHeadDim / 16; ++np) {
+          uint32_t bv[4];
+          arch::ldmatrix_x4_trans(bv, vb + ks * 16 * kRowBytes + (np >> 2) * 128 + swz_a[np & 3]);
+          arch::mma_m16n8k16<T>(o[2 * np], pa, bv[0], bv[1]);
+          arch::mma_m16n8k16<T>(o[2 * np + 1], pa, bv[2], bv[3]);
+        }
+      }
+      // ---- the partial rows: o / l in T, lse = m + log2(l) (o = 0, lse = -inf when the row saw nothing) ----
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (mine[j].x < 0) continue;
+        const int row = warp * 16 + (lane >> 2) + 8 * j;
+        const int64_t prow = static_cast<int64_t>(mine[j].y) * G + (row & (G - 1));
+        const float inv = l[j] > 0.f ? 1.f / l[j] : 0.f;
+        T* dst = part_o + prow * kHeadDim + (lane & 3) * 2;
+#pragma unroll
+        for (int n = 0; n < kHeadDim / 8; ++n)
+          *reinterpret_cast<uint32_t*>(dst + n * 8) = arch::pack2<T>(o[n][2 * j] * inv, o[n][2 * j + 1] * inv);
+        if ((lane & 3) == 0) L.part_lse[prow] = l[j] > 0.f ? base[j] + arch::log2_approx(l[j]) : -INFINITY;
+      }
+      if constexpr (KV_STAGES == 1) {
+        if (jj + 1 == njobs && next) {
+          __syncthreads();  // every warp's reads of the K/V stage are done
+          load_kv(N, 0);
+          arch::cp_async_commit();
+        }
+      }
+    }
+    if (N.item < 0) break;
+    cur ^= 1;
+    if constexpr (KV_STAGES == 2) stage ^= 1;
+  }
+  arch::cp_async_wait<0>();
+}
+
+}  // namespace msa::detail::cuda::prefill_portable

@@ -1,0 +1,291 @@
+// Entry points of the portable prefill's KV-major path (declared in cuda/plan_state.h): which plans have
+// one, the workspaces sized from the plan's host lengths, and the run-time sequence of launches.
+//
+// run_prefill() launches, in order on the caller's stream:
+//   tile schedule (1 CTA)        tile_cum / blk_cum from device lengths, counters zeroed  (prefill_sm90)
+//   tile lists                   per-tile union of blocks and the path of each tile         (prefill_sm90)
+//   item flags                   the paged kernel's items of KV-major tiles                 (item_flags.cu)
+//   paged kernel                 the query-major tiles; KV-major tiles' items return at once (decode)
+//   memset, rank, scan, fill     the KV-major key lists and work items                      (prefill_sm90)
+//   per window: KV-major kernel (kernel.cuh), LSE merge                                      (prefill_sm90)
+// The two paths write disjoint rows of o / lse. They run one after the other here; the Hopper family runs
+// its KV-major chain on a side stream beside the query-major kernel (docs/prefill_portable.md, "To measure").
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "core/knobs.h"
+#include "cuda/decode/state.cuh"
+#include "cuda/plan_state.h"
+#include "cuda/prefill_portable/config.h"
+#include "cuda/prefill_portable/launch.h"
+#include "cuda/prefill_portable/state.h"
+#include "cuda/prefill_sm90/config.h"
+#include "cuda/prefill_sm90/kvmajor_lists.h"
+#include "cuda/prefill_sm90/schedule.h"
+#include "cuda/runtime/check.cuh"
+#include "msa/error.h"
+
+namespace msa::detail::cuda::prefill_portable {
+
+namespace {
+
+using prefill_sm90::KvMajorRule;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename T>
+T* ptr(const DeviceBuffer& b) {
+  return static_cast<T*>(b.get());
+}
+
+int smem_optin(int device) {
+  int v = 0;
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return v;
+}
+
+// Windows, key arrays and partial outputs, as the Hopper family sizes them (prefill_sm90/prefill.cu,
+// plan_kv_major): false when the key arrays would be unreasonably large (the paged kernel serves the plan).
+bool plan_windows(PortableState& s, int64_t total_blocks) {
+  const int32_t group = 1 << s.group_shift;
+  const int64_t part_bytes_per_tile = static_cast<int64_t>(s.list_capacity) * group * kHeadDim * 2;
+  int64_t window = std::max<int64_t>(
+      1, std::min<int64_t>(s.num_tiles, prefill_sm90::kKvPartialBudgetBytes / part_bytes_per_tile));
+  if (const int64_t w = knobs::kv_window_tiles("msa.plan_prefill")) window = std::min(window, w);
+  const int64_t sub = std::min<int64_t>(prefill_sm90::kKvSubwindowTiles, window);
+  const int64_t windows = (s.num_tiles + window - 1) / window;
+  const int64_t subs = (window + sub - 1) / sub;
+  if (windows * subs * total_blocks > (int64_t(1) << 24) || total_blocks == 0) return false;
+  s.window_tiles = static_cast<int32_t>(window);
+  s.num_windows = static_cast<int32_t>(windows);
+  s.subwindow_tiles = static_cast<int32_t>(sub);
+  s.block_keys = static_cast<int32_t>(total_blocks);
+  s.key_span = static_cast<int32_t>(subs * total_blocks);
+  s.key_stripes = s.key_span <= prefill_sm90::kKeyStripesWideKeys ? 8 : 4;
+  s.item_capacity = static_cast<int32_t>(window * s.list_capacity / prefill_sm90::kKvItemTokens + s.key_span + 1);
+  const size_t entries = static_cast<size_t>(s.num_tiles) * s.list_capacity;
+  const size_t keys = static_cast<size_t>(windows) * s.key_span;
+  s.key_count = DeviceBuffer(keys * s.key_stripes * sizeof(int32_t));
+  s.key_offset = DeviceBuffer(keys * sizeof(int32_t));
+  s.entry_key = DeviceBuffer(entries * sizeof(int32_t));
+  s.entry_rank = DeviceBuffer(entries * sizeof(int32_t));
+  s.pairs = DeviceBuffer(entries * sizeof(int2));
+  s.items = DeviceBuffer(static_cast<size_t>(windows) * s.item_capacity * sizeof(KvWorkItem));
+  s.item_count = DeviceBuffer(static_cast<size_t>(windows) * sizeof(int32_t));
+  s.part_o = DeviceBuffer(static_cast<size_t>(window * part_bytes_per_tile));
+  s.part_lse = DeviceBuffer(static_cast<size_t>(window) * s.list_capacity * group * sizeof(float));
+  return true;
+}
+
+prefill_sm90::TileSchedule schedule_of(const PortableState& s) {
+  prefill_sm90::TileSchedule t;
+  t.tile_cum = ptr<int32_t>(s.tile_cum);
+  t.num_tiles = s.num_tiles;
+  t.num_kv_heads = s.num_kv_heads;
+  t.tile_tokens = s.tile_tokens;
+  return t;
+}
+
+KvLists kv_lists_of(const PortableState& s) {
+  KvLists L;
+  L.window_tiles = s.window_tiles;
+  L.num_windows = s.num_windows;
+  L.list_capacity = s.list_capacity;
+  L.topk = s.topk;
+  L.blk_cum = ptr<int32_t>(s.blk_cum);
+  L.subwindow_tiles = s.subwindow_tiles;
+  L.block_keys = s.block_keys;
+  L.key_span = s.key_span;
+  L.key_stripes = s.key_stripes;
+  L.key_count = ptr<int32_t>(s.key_count);
+  L.key_offset = ptr<int32_t>(s.key_offset);
+  L.entry_key = ptr<int32_t>(s.entry_key);
+  L.entry_rank = ptr<int32_t>(s.entry_rank);
+  L.pairs = ptr<int2>(s.pairs);
+  L.items = ptr<KvWorkItem>(s.items);
+  L.item_count = ptr<int32_t>(s.item_count);
+  L.item_counter = ptr<int32_t>(s.counters) + 1;
+  L.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
+  L.item_capacity = s.item_capacity;
+  L.part_o = s.part_o.get();
+  L.part_lse = ptr<float>(s.part_lse);
+  return L;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+std::string describe(const PortableState& s) {
+  return std::string("portable=prefill kvmajor=") + (s.rule == KvMajorRule::kAlways ? "always" : "wide-union") +
+         " tiles=" + std::to_string(s.num_tiles) + " windows=" + std::to_string(s.num_windows) +
+         " window_tiles=" + std::to_string(s.window_tiles) + " key_stripes=" + std::to_string(s.key_stripes) +
+         " kv_stages=" + std::to_string(s.kv_stages);
+}
+
+std::shared_ptr<PortableState> make_portable_state(const Plan& plan, const CudaPlanState& dev,
+                                                   const decode::State& paged) {
+  const AttentionConfig& c = plan.config();
+  if (c.topk <= 0 || c.topk > prefill_sm90::kMaxTopk) return nullptr;
+  if (c.head_dim != kHeadDim || c.dv() != kHeadDim || c.block_size != kBlockKeys || c.page_size % kBlockKeys != 0)
+    return nullptr;
+  const int group = c.group_size();
+  if (group < kMinGroup || group > kRows || !std::has_single_bit(static_cast<unsigned>(group))) return nullptr;
+  const int tile_tokens = kRows / group;
+  // The paged kernel's tiles must be the canonical tiles (item_flags.cu maps one onto the other).
+  if (!paged.unsupported.empty() || paged.token_kernel || !paged.scan_tiles || paged.rows != kRows ||
+      paged.tile_tokens != tile_tokens)
+    return nullptr;
+  const int kv_stages = kv_stages_for(smem_optin(dev.device));
+  if (kv_stages == 0) return nullptr;
+  if (!configure_kvmajor<__nv_bfloat16, false>(kv_stages) || !configure_kvmajor<__half, false>(kv_stages))
+    return nullptr;
+
+  auto s = std::make_shared<PortableState>();
+  s->sm_count = dev.sm_count;
+  s->pdl = dev.cc >= 90;
+  s->kv_stages = kv_stages;
+  s->f8_ready = configure_kvmajor<__nv_bfloat16, true>(kv_stages) && configure_kvmajor<__half, true>(kv_stages);
+  s->batch_size = plan.batch_size();
+  s->num_kv_heads = c.num_kv_heads;
+  s->group_shift = std::countr_zero(static_cast<unsigned>(group));
+  s->tile_tokens = tile_tokens;
+  s->page_blocks = c.page_size / kBlockKeys;
+  s->topk = c.topk;
+  s->causal = c.causal;
+  s->rule = knobs::portable_prefill("msa.plan_prefill") == knobs::PortablePrefill::kKvMajor ? KvMajorRule::kAlways
+                                                                                            : KvMajorRule::kWideUnion;
+  int64_t tiles = 0, blocks = 0;
+  for (int b = 0; b < plan.batch_size(); ++b) {
+    tiles += (static_cast<int64_t>(plan.qo_lens()[b]) + tile_tokens - 1) / tile_tokens * c.num_kv_heads;
+    blocks += (static_cast<int64_t>(plan.kv_lens()[b]) + kBlockKeys - 1) / kBlockKeys * c.num_kv_heads;
+  }
+  if (tiles == 0 || tiles > std::numeric_limits<int32_t>::max() / 2) return nullptr;
+  s->num_tiles = static_cast<int32_t>(tiles);
+  s->paged_items = paged.num_tiles * paged.num_kv_heads;
+  s->list_capacity = tile_tokens * c.topk;
+  if (!plan_windows(*s, blocks)) return nullptr;
+
+  const size_t B1 = static_cast<size_t>(plan.batch_size()) + 1;
+  s->tile_cum = DeviceBuffer(B1 * sizeof(int32_t));
+  s->blk_cum = DeviceBuffer(B1 * sizeof(int32_t));
+  s->list_entries = DeviceBuffer(static_cast<size_t>(s->num_tiles) * s->list_capacity * sizeof(int2));
+  s->list_count = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
+  s->kv_major = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
+  s->skip_items = DeviceBuffer(static_cast<size_t>(s->paged_items) * sizeof(int32_t));
+  s->counters = DeviceBuffer(static_cast<size_t>(2 + 2 * s->num_windows) * sizeof(int32_t));
+  return s;
+}
+
+bool can_run(const PortableState& s, const AttentionParams& p) {
+  if (p.dtype != ScalarType::kBF16 && p.dtype != ScalarType::kF16) return false;
+  const bool f8 = p.kv_dtype == ScalarType::kF8E4M3;
+  if (f8 ? !s.f8_ready : p.kv_dtype != p.dtype) return false;
+  if (p.head_dim != kHeadDim || p.head_dim_v != kHeadDim || p.block_idx == nullptr) return false;
+  if (p.seqs.total_q >= (int64_t(1) << 30)) return false;  // {q row, entry} pairs are 32-bit
+  // cp.async moves 16-byte chunks: q rows, K/V rows and their bases 16-byte aligned; the merge writes o in
+  // 16-byte octets.
+  if (!aligned16(p.q) || p.q_stride_token % 8 != 0 || p.q_stride_head % 8 != 0) return false;
+  if (!aligned16(p.o) || p.o_stride_token % 8 != 0 || p.o_stride_head % 8 != 0) return false;
+  const int64_t per16 = f8 ? 16 : 8;  // elements in 16 bytes
+  for (const CacheParams* c : {&p.k, &p.v}) {
+    if (c->dim != kHeadDim || c->page_size != s.page_blocks * kBlockKeys || c->num_heads != s.num_kv_heads) return false;
+    if (!aligned16(c->data) || c->stride_token % per16 != 0 || c->stride_head % per16 != 0 ||
+        c->stride_page % per16 != 0)
+      return false;
+  }
+  return true;
+}
+
+void run_prefill(const PortableState& s, const decode::State& paged, const Plan& plan, const AttentionParams& p,
+                 cudaStream_t stream) {
+  if (s.num_tiles == 0 || p.seqs.total_q == 0) return;
+  const bool bf16 = p.dtype == ScalarType::kBF16;
+  const bool f8 = p.kv_dtype == ScalarType::kF8E4M3;
+  const prefill_sm90::TileSchedule sched = schedule_of(s);
+  prefill_sm90::launch_tile_schedule(p.seqs, s.tile_tokens, s.num_kv_heads, ptr<int32_t>(s.tile_cum),
+                                     ptr<int32_t>(s.blk_cum), ptr<int32_t>(s.counters), 2 + 2 * s.num_windows, stream);
+  prefill_sm90::TileListParams tl;
+  tl.seqs = p.seqs;
+  tl.sched = sched;
+  tl.causal = s.causal;
+  tl.block_idx = p.block_idx;
+  tl.bi_stride_token = p.bi_stride_token;
+  tl.bi_stride_head = p.bi_stride_head;
+  tl.bi_stride_k = p.bi_stride_k;
+  tl.topk = s.topk;
+  tl.rule = s.rule;
+  tl.entries = ptr<int2>(s.list_entries);
+  tl.count = ptr<int32_t>(s.list_count);
+  tl.kv_major = ptr<int32_t>(s.kv_major);
+  tl.capacity = s.list_capacity;
+  tl.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
+  tl.window_tiles = s.window_tiles;
+  prefill_sm90::launch_tile_lists(tl, s.pdl, stream);
+  launch_item_flags(p.seqs, sched, tl.kv_major, ptr<int32_t>(s.skip_items), s.paged_items, s.pdl, stream);
+
+  decode::run(paged, plan, p, stream, ptr<int32_t>(s.skip_items));
+
+  const KvLists lists = kv_lists_of(s);
+  MSA_CUDA_CHECK(cudaMemsetAsync(lists.key_count, 0, s.key_count.bytes(), stream));
+  prefill_sm90::KvListParams lp;
+  lp.seqs = p.seqs;
+  lp.sched = sched;
+  lp.causal = s.causal;
+  lp.block_idx = p.block_idx;
+  lp.bi_stride_token = p.bi_stride_token;
+  lp.bi_stride_head = p.bi_stride_head;
+  lp.bi_stride_k = p.bi_stride_k;
+  lp.kv_major = tl.kv_major;
+  lp.lists = lists;
+  prefill_sm90::launch_kv_rank(lp, false, stream);  // after a memset: no PDL edge
+  prefill_sm90::launch_kv_scan(lp, s.pdl, stream);
+  prefill_sm90::launch_kv_fill(lp, s.pdl, stream);
+
+  KvParams kp;
+  kp.q = p.q;
+  kp.q_stride_token = p.q_stride_token;
+  kp.q_stride_head = p.q_stride_head;
+  kp.k = p.k;
+  kp.v = p.v;
+  kp.seqs = p.seqs;
+  kp.pages = p.pages;
+  kp.lists = lists;
+  kp.group_shift = s.group_shift;
+  kp.page_blocks = s.page_blocks;
+  kp.causal = s.causal;
+  kp.scale_log2 = p.sm_scale * kLog2e;
+
+  prefill_sm90::KvMergeParams mp;
+  mp.seqs = p.seqs;
+  mp.sched = sched;
+  mp.kv_major = tl.kv_major;
+  mp.lists = lists;
+  mp.group_shift = s.group_shift;
+  mp.dtype = p.dtype;
+  mp.o = p.o;
+  mp.o_stride_token = p.o_stride_token;
+  mp.o_stride_head = p.o_stride_head;
+  mp.lse = p.lse;
+  mp.lse_stride_token = p.lse_stride_token;
+  mp.lse_stride_head = p.lse_stride_head;
+  mp.v_scale = p.v_scale;  // the partials are unscaled: v_scale enters once, in the merge
+  const int grid = s.sm_count;
+  for (int32_t w = 0; w < s.num_windows; ++w) {
+    kp.window = w;
+    mp.window = w;
+    if (f8)
+      bf16 ? launch_kvmajor<__nv_bfloat16, true>(kp, s.kv_stages, grid, s.pdl, stream)
+           : launch_kvmajor<__half, true>(kp, s.kv_stages, grid, s.pdl, stream);
+    else
+      bf16 ? launch_kvmajor<__nv_bfloat16, false>(kp, s.kv_stages, grid, s.pdl, stream)
+           : launch_kvmajor<__half, false>(kp, s.kv_stages, grid, s.pdl, stream);
+    prefill_sm90::launch_kv_merge(mp, false, stream);
+  }
+}
+
+}  // namespace msa::detail::cuda::prefill_portable
