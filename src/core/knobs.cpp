@@ -31,6 +31,11 @@ constexpr Knob kTable[] = {
      "plans take the portable family on sm_90 too, instead of the Hopper kernels.",
      "Tests check the portable prefill's paths on the H200 whatever the build holds; benchmarks time each "
      "decomposition of the portable prefill (what the A100, L40S and RTX GPUs run) in one process."},
+    {"MSA_PORTABLE_KV_STAGES",
+     {"auto", "1"},
+     "The K/V stages of the portable KV-major prefill kernel: auto as the device's shared memory allows (2 on "
+     "sm_80 / sm_90, 1 on the 99 KiB parts: sm_86, sm_89, sm_120); 1 one stage everywhere.",
+     "Tests run the one-stage kernel, which the RTX and L40S parts run, on the H200."},
     {"MSA_SM90_KV_WINDOW_TILES",
      {nullptr, nullptr, nullptr},
      "The most tiles of a KV-major window, of the Hopper prefill and of the portable one (unset: as many as "
@@ -92,11 +97,12 @@ int64_t read(int id, const char* fn) {
 
 constexpr int kPrefill = find("MSA_SM90_PREFILL");
 constexpr int kPortable = find("MSA_PORTABLE_PREFILL");
+constexpr int kPortableStages = find("MSA_PORTABLE_KV_STAGES");
 constexpr int kWindowTiles = find("MSA_SM90_KV_WINDOW_TILES");
 constexpr int kTokenKernel = find("MSA_PAGED_TOKEN_KERNEL");
 constexpr int kIndexerPrefill = find("MSA_INDEXER_PREFILL");
 constexpr int kIndexerDecode = find("MSA_INDEXER_DECODE");
-static_assert(kPrefill >= 0 && kPortable >= 0 && kWindowTiles >= 0 && kTokenKernel >= 0 && kIndexerPrefill >= 0 && kIndexerDecode >= 0,
+static_assert(kPrefill >= 0 && kPortable >= 0 && kPortableStages >= 0 && kWindowTiles >= 0 && kTokenKernel >= 0 && kIndexerPrefill >= 0 && kIndexerDecode >= 0,
               "every accessor's variable is in the table");
 
 }  // namespace
@@ -110,6 +116,8 @@ PrefillDecomposition prefill_decomposition(const char* fn) {
 PortablePrefill portable_prefill(const char* fn) {
   return static_cast<PortablePrefill>(read(kPortable, fn));  // choices in the enum's order
 }
+
+bool portable_one_kv_stage(const char* fn) { return read(kPortableStages, fn) == 1; }
 
 int64_t kv_window_tiles(const char* fn) { return read(kWindowTiles, fn); }
 

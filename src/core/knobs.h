@@ -31,6 +31,9 @@ PrefillDecomposition prefill_decomposition(const char* fn);
 enum class PortablePrefill { kAuto, kQMajor, kKvMajor };
 PortablePrefill portable_prefill(const char* fn);
 
+// MSA_PORTABLE_KV_STAGES=1: the portable KV-major kernel with one K/V stage on every device.
+bool portable_one_kv_stage(const char* fn);
+
 // MSA_SM90_KV_WINDOW_TILES: the most tiles of a KV-major window; 0 when unset (no cap).
 int64_t kv_window_tiles(const char* fn);
 

@@ -31,6 +31,10 @@ __device__ __forceinline__ void cp_async_16_pred(uint32_t smem, const void* gmem
       "l"(gmem), "r"(static_cast<uint32_t>(fill))
       : "memory");
 }
+// 8 bytes through L1 (.ca; copies under 16 bytes cannot bypass it); src_bytes = 0 writes zeros.
+__device__ __forceinline__ void cp_async_8(uint32_t smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
+}
 // 4 bytes through L1 (.ca; 4-byte copies cannot bypass it); src_bytes = 0 writes zeros.
 __device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes) : "memory");

@@ -7,7 +7,7 @@
 // prefill_sm90/kvmajor_lists.cu.
 //
 // Shared memory per CTA: KV stages x (K + V block, 2 x 32 KiB: 128 keys x 128 dims x 16 bits, 128B-swizzled
-// rows) + one Q tile (32 KiB) + the job records. fp8 e4m3 K/V land in the second half of their 16-bit
+// rows) + one Q tile (32 KiB) + the item records (2 KiB). fp8 e4m3 K/V land in the second half of their 16-bit
 // buffers and are widened there, in place (the same bytes as 16-bit K/V). Q fragments are taken into
 // registers at the start of a job (32 registers), so one Q buffer suffices: the next job's Q gather is
 // issued right after and lands while the job computes.
@@ -36,10 +36,9 @@ inline constexpr int kRowBytes = kHeadDim * 2;                 // one 16-bit K /
 inline constexpr int kBlockBytes = kBlockKeys * kRowBytes;     // 32 KiB: a K or a V block
 inline constexpr int kQBytes = kRows * kRowBytes;              // 32 KiB
 inline constexpr int kMinGroup = 8;       // G >= 8: at most 16 tokens a job (the tile lists' masks)
-inline constexpr int kMaxJobTokens = kRows / kMinGroup;
 
-// Job records: per job slot, its tokens' {q row, window entry}; item records: 2 slots.
-inline constexpr uint32_t kRecordBytes = 1024;
+// Item records (kernel.cuh: 3 slots, each with its item's <= 64 {q row, window entry} pairs).
+inline constexpr uint32_t kRecordBytes = 2048;
 
 __host__ __device__ constexpr uint32_t smem_bytes(int kv_stages) {
   return static_cast<uint32_t>(kv_stages) * 2u * kBlockBytes + kQBytes + kRecordBytes;

@@ -29,6 +29,7 @@
 #include "cuda/arch/sm80.cuh"
 #include "cuda/prefill_portable/config.h"
 #include "cuda/prefill_portable/params.h"
+#include "cuda/prefill_sm90/config.h"
 #include "cuda/prefill_sm90/tile_common.cuh"
 
 namespace msa::detail::cuda::prefill_portable {
@@ -36,12 +37,29 @@ namespace msa::detail::cuda::prefill_portable {
 // What a CTA knows of a claimed work item; written by thread 0, read by all after a barrier.
 struct ItemRecord {
   int32_t item;  // -1: none (the window's items are exhausted)
-  int32_t kv_head, block, start, count;
+  int32_t kv_head, block, count;
   int32_t qo_start, qo_len, kv_len, offset;  // the request's lengths (prefill_sm90::SeqView)
   int32_t valid_keys;                        // keys of the block that exist: 0 on an invalid page
   int64_t k_base, v_base;                    // element offset of the block's key 0 in the caches
 };
-static_assert(2 * sizeof(ItemRecord) + kMaxJobTokens * sizeof(int2) <= kRecordBytes, "records fit their bytes");
+// Three item slots: the running item, the next (its K/V and first Q tile load during the running one) and
+// the one after, claimed during the running item's first job. Each slot holds its item's {q row, window
+// entry} pairs, copied by cp.async at the claim, so no job waits on a global read before its Q gather.
+inline constexpr int kItemSlots = 3;
+inline constexpr uint32_t kPairsOffset = 256;  // bytes from the records to the pairs of slot 0
+static_assert(kItemSlots * sizeof(ItemRecord) <= kPairsOffset, "item records fit before the pairs");
+static_assert(kPairsOffset + kItemSlots * prefill_sm90::kKvItemTokens * sizeof(int2) <= kRecordBytes,
+              "item records and their pairs fit their bytes");
+
+// A claim in progress, in registers of warp 0's lane 0, issued in steps between a job's phases so that
+// each step's reads land while the CTA computes.
+struct Claim {
+  int32_t index;  // the item's index in the window (atomic counter)
+  KvWorkItem w;
+  prefill_sm90::SeqView v;
+  int32_t start, count, page;
+  bool ok;
+};
 
 template <typename T, bool kF8, int KV_STAGES>
 __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_constant__ KvParams p) {
@@ -55,11 +73,14 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
   }
 #endif
   using prefill_sm90::SeqView;
+  constexpr int kItemTokens = prefill_sm90::kKvItemTokens;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t smem_base = arch::smem_addr(smem);
   const uint32_t q_buf = smem_base + KV_STAGES * 2 * kBlockBytes;
-  ItemRecord* rec = reinterpret_cast<ItemRecord*>(smem + KV_STAGES * 2 * kBlockBytes + kQBytes);  // [2]
-  int2* job_pairs = reinterpret_cast<int2*>(rec + 2);  // [kMaxJobTokens]: the gathered job's {q row, entry}
+  unsigned char* records = smem + KV_STAGES * 2 * kBlockBytes + kQBytes;
+  ItemRecord* rec = reinterpret_cast<ItemRecord*>(records);                       // [kItemSlots]
+  const int2* rec_pairs = reinterpret_cast<const int2*>(records + kPairsOffset);  // [kItemSlots][kItemTokens]
+  const uint32_t pairs_smem = smem_base + KV_STAGES * 2 * kBlockBytes + kQBytes + kPairsOffset;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const KvLists& L = p.lists;
@@ -76,29 +97,63 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
   const unsigned char* vg = static_cast<const unsigned char*>(p.v.data);
   constexpr int kElem = kF8 ? 1 : 2;  // bytes of a K/V element in the cache
 
-  // Thread 0: the next item of the window into r (r.item = -1 when none is left).
-  const auto claim = [&](ItemRecord& r) {
-    const int32_t i = atomicAdd(counter, 1);
+  // The claim's steps. Lane 0 of warp 0 runs claim_index / claim_item / claim_page / claim_record; all of
+  // warp 0 runs claim_pairs (it copies the item's pairs into the slot and reads the request's lengths).
+  Claim cl;
+  const auto claim_index = [&]() { cl.index = atomicAdd(counter, 1); };
+  const auto claim_item = [&]() {
+    cl.ok = cl.index < n_items;
+    if (cl.ok) cl.w = items[cl.index];
+  };
+  const auto claim_pairs = [&](int slot) {  // warp 0
+    int32_t start = 0, count = 0;
+    if (lane == 0 && cl.ok) {
+      cl.ok = cl.w.request >= 0 && cl.w.request < p.seqs.batch_size && cl.w.kv_head >= 0 && cl.w.kv_head < p.k.num_heads;
+      start = max(cl.w.start, 0);
+      const int64_t room = window_entries - start;  // entries of the window from start on
+      count = cl.ok ? static_cast<int32_t>(prefill_sm90::clamp64(min(cl.w.count, kItemTokens), 0, room > 0 ? room : 0)) : 0;
+      cl.start = start;
+      cl.count = count;
+      if (cl.ok) cl.v = prefill_sm90::load_seq(p.seqs, cl.w.request);
+    }
+    start = __shfl_sync(~0u, start, 0);
+    count = __shfl_sync(~0u, count, 0);
+#pragma unroll
+    for (int e = lane; e < kItemTokens; e += 32)
+      if (e < count) arch::cp_async_8(pairs_smem + (slot * kItemTokens + e) * sizeof(int2), pairs + start + e, 8);
+  };
+  const auto claim_page = [&]() {
+    if (cl.ok) cl.page = prefill_sm90::physical_page(p.pages, cl.w.request, cl.w.block / p.page_blocks);
+  };
+  const auto claim_record = [&](ItemRecord& r) {
     r.item = -1;
-    if (i >= n_items) return;
-    const KvWorkItem w = items[i];
-    if (w.request < 0 || w.request >= p.seqs.batch_size || w.kv_head < 0 || w.kv_head >= p.k.num_heads) return;
-    const SeqView v = prefill_sm90::load_seq(p.seqs, w.request);
-    const int64_t key0 = static_cast<int64_t>(w.block) * kBlockKeys;
-    const int32_t page = prefill_sm90::physical_page(p.pages, w.request, w.block / p.page_blocks);
-    const int64_t koff = static_cast<int64_t>(w.block % p.page_blocks) * kBlockKeys;
-    r.item = i;
-    r.kv_head = w.kv_head;
-    r.block = w.block;
-    r.start = max(w.start, 0);
-    r.count = max(0, min(w.count, static_cast<int32_t>(window_entries - r.start)));
-    r.qo_start = v.qo_start;
-    r.qo_len = v.qo_len;
-    r.kv_len = v.kv_len;
-    r.offset = v.offset;
-    r.valid_keys = page < 0 ? 0 : static_cast<int32_t>(prefill_sm90::clamp64(v.kv_len - key0, 0, kBlockKeys));
-    r.k_base = page < 0 ? 0 : page * p.k.stride_page + w.kv_head * p.k.stride_head + koff * p.k.stride_token;
-    r.v_base = page < 0 ? 0 : page * p.v.stride_page + w.kv_head * p.v.stride_head + koff * p.v.stride_token;
+    if (!cl.ok) return;
+    const int64_t key0 = static_cast<int64_t>(cl.w.block) * kBlockKeys;
+    const int64_t koff = static_cast<int64_t>(cl.w.block % p.page_blocks) * kBlockKeys;
+    const int32_t page = cl.page;
+    r.item = cl.index;
+    r.kv_head = cl.w.kv_head;
+    r.block = cl.w.block;
+    r.count = cl.count;
+    r.qo_start = cl.v.qo_start;
+    r.qo_len = cl.v.qo_len;
+    r.kv_len = cl.v.kv_len;
+    r.offset = cl.v.offset;
+    r.valid_keys = page < 0 ? 0 : static_cast<int32_t>(prefill_sm90::clamp64(cl.v.kv_len - key0, 0, kBlockKeys));
+    r.k_base = page < 0 ? 0 : page * p.k.stride_page + cl.w.kv_head * p.k.stride_head + koff * p.k.stride_token;
+    r.v_base = page < 0 ? 0 : page * p.v.stride_page + cl.w.kv_head * p.v.stride_head + koff * p.v.stride_token;
+  };
+  // A whole claim at once (the prologue), by warp 0.
+  const auto claim_now = [&](int slot) {
+    if (lane == 0) {
+      claim_index();
+      claim_item();
+    }
+    claim_pairs(slot);
+    if (lane == 0) {
+      claim_page();
+      claim_record(rec[slot]);
+    }
   };
 
   // K and V of item r into KV stage `stage`. 16-bit: 16 threads a 256-byte row. fp8: 8 threads a 128-byte
@@ -150,9 +205,9 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
     __syncthreads();
   };
 
-  // Q rows of job jj of item r into the Q buffer (rows of absent tokens zero-filled), and the job's
-  // {q row, window entry} pairs into job_pairs ({-1, -1} for absent tokens).
-  const auto gather_q = [&](const ItemRecord& r, int jj) {
+  // Q rows of job jj of the item in slot `slot` into the Q buffer (rows of absent tokens zero-filled).
+  const auto gather_q = [&](int slot, int jj) {
+    const ItemRecord& r = rec[slot];
     constexpr int kPasses = kRows * 16 / kThreads;
 #pragma unroll
     for (int k = 0; k < kPasses; ++k) {
@@ -161,11 +216,10 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
       const int t = row >> gshift, h = row & (G - 1);
       const int jt = jj * TT + t;
       const bool ok = jt < r.count;
-      const int2 pr = ok ? pairs[r.start + jt] : make_int2(-1, -1);
-      const T* src = ok ? qg + pr.x * p.q_stride_token + static_cast<int64_t>(r.kv_head * G + h) * p.q_stride_head + c * 8
+      const int32_t qrow = ok ? rec_pairs[slot * kItemTokens + jt].x : 0;
+      const T* src = ok ? qg + qrow * p.q_stride_token + static_cast<int64_t>(r.kv_head * G + h) * p.q_stride_head + c * 8
                         : qg;
       arch::cp_async_16(q_buf + row * kRowBytes + ((c ^ (row & 7)) << 4), src, ok ? 16 : 0);
-      if (c == 0 && h == 0) job_pairs[t] = pr;
     }
   };
 
@@ -181,20 +235,27 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
   const uint32_t v_lane = kBlockBytes + ((((lane >> 3) & 1) << 3) + (lane & 7)) * kRowBytes;
   T* part_o = static_cast<T*>(L.part_o);
 
-  // ---- prologue: the first item, its K/V and its first Q tile -------------------------------------------
-  if (tid == 0) claim(rec[0]);
+  // ---- prologue: the first two items (records and pairs), the first one's K/V and its first Q tile ------
+  if (warp == 0) {
+    claim_now(0);
+    claim_now(1);
+  }
+  arch::cp_async_commit();
+  arch::cp_async_wait<0>();
   __syncthreads();
   if (rec[0].item < 0) return;
   load_kv(rec[0], 0);
   arch::cp_async_commit();
-  gather_q(rec[0], 0);
+  gather_q(0, 0);
   arch::cp_async_commit();
 
   int cur = 0, stage = 0;
-  bool kv_ahead = false;  // the latest committed group is the next item's K/V, not needed by the next job
+  bool kv_ahead = false;       // a committed group after this job's Q is the next item's K/V, not needed yet
+  bool pairs_ahead = false;    // warp 0: a committed group after it is a claim's pairs, not needed yet
   for (;;) {
+    const int nxt = cur == kItemSlots - 1 ? 0 : cur + 1, far = nxt == kItemSlots - 1 ? 0 : nxt + 1;
     const ItemRecord& R = rec[cur];
-    const ItemRecord& N = rec[cur ^ 1];
+    const ItemRecord& N = rec[nxt];
     const int njobs = max(1, (R.count + TT - 1) / TT);
     const int32_t blk_key0 = R.block * kBlockKeys;
     SeqView view;
@@ -204,7 +265,8 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
     view.offset = R.offset;
     const int32_t valid_keys = R.valid_keys;
     for (int jj = 0; jj < njobs; ++jj) {
-      if (kv_ahead) arch::cp_async_wait<1>(); else arch::cp_async_wait<0>();
+      arch::cp_async_wait_dyn(static_cast<int>(kv_ahead) + static_cast<int>(pairs_ahead));
+      pairs_ahead = false;
       __syncthreads();  // (A) this job's Q (and the item's K/V) landed for every thread
       if constexpr (kF8) {
         if (jj == 0) widen(stage);
@@ -218,16 +280,16 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int row = warp * 16 + (lane >> 2) + 8 * j;
-        mine[j] = job_pairs[row >> gshift];
+        const int jt = jj * TT + (row >> gshift);
+        mine[j] = jt < R.count ? rec_pairs[cur * kItemTokens + jt] : make_int2(-1, -1);
         const int32_t i = mine[j].x - view.qo_start;
         const int32_t end = mine[j].x < 0 ? 0 : prefill_sm90::visible_key_end(view, i, p.causal);
         lim[j] = max(0, min(end - blk_key0, valid_keys));
       }
-      if (jj == 0 && tid == 0) claim(rec[cur ^ 1]);  // the next item (its slot's reads are done: barrier A)
-      __syncthreads();  // (B) the Q buffer and job_pairs are free; the next item's record is visible
+      __syncthreads();  // (B) the Q buffer is free
       const bool next = N.item >= 0;
-      if (jj + 1 < njobs) gather_q(R, jj + 1);
-      else if (next) gather_q(N, 0);
+      if (jj + 1 < njobs) gather_q(cur, jj + 1);
+      else if (next) gather_q(nxt, 0);
       arch::cp_async_commit();
       kv_ahead = false;
       if constexpr (KV_STAGES == 2) {
@@ -237,6 +299,10 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
           kv_ahead = jj + 1 < njobs;  // the item's last job does not need it; the next item's first does
         }
       }
+      // The item after the next one is claimed into the free slot during the first job, a step between
+      // each phase (its slot's last reads, the previous item's, were before barrier B).
+      const bool claiming = jj == 0 && warp == 0;
+      if (claiming && lane == 0) claim_index();
 
       // ---- S = Q K^T ----
       const uint32_t kb = smem_base + stage * 2 * kBlockBytes;
@@ -253,6 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
           arch::mma_m16n8k16<T>(s[2 * np + 1], qa[kk], bk[2], bk[3]);
         }
       }
+      if (claiming && lane == 0) claim_item();
       // ---- mask, exact softmax (exp2 domain) ----
       const float sl2 = p.scale_log2;
       float mx[2] = {-INFINITY, -INFINITY};
@@ -285,6 +352,11 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
         l[j] += __shfl_xor_sync(~0u, l[j], 1);
         l[j] += __shfl_xor_sync(~0u, l[j], 2);
       }
+      if (claiming) {
+        claim_pairs(far);
+        arch::cp_async_commit();
+        pairs_ahead = jj + 1 < njobs;  // needed from the next item on: the item's next job need not wait for it
+      }
       // ---- O = P V: two key n-tiles of S are the A fragment of one 16-key k-step ----
       const uint32_t vb = kb + v_lane;
       float o[kHeadDim / 8][4];
@@ -305,19 +377,26 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
           arch::mma_m16n8k16<T>(o[2 * np + 1], pa, bv[2], bv[3]);
         }
       }
+      if (claiming && lane == 0) claim_page();
       // ---- the partial rows: o / l in T, lse = m + log2(l) (o = 0, lse = -inf when the row saw nothing) ----
+      // A partial row is stored quad-major (the merge's kQuadMajor order): lane q of the row's quad holds the
+      // 2-dim pairs q of the 16 dim octets and writes them as 64 contiguous bytes, 4 stores of 16 bytes.
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         if (mine[j].x < 0) continue;
         const int row = warp * 16 + (lane >> 2) + 8 * j;
         const int64_t prow = static_cast<int64_t>(mine[j].y) * G + (row & (G - 1));
         const float inv = l[j] > 0.f ? 1.f / l[j] : 0.f;
-        T* dst = part_o + prow * kHeadDim + (lane & 3) * 2;
+        uint4* dst = reinterpret_cast<uint4*>(part_o + prow * kHeadDim + (lane & 3) * (kHeadDim / 4));
 #pragma unroll
-        for (int n = 0; n < kHeadDim / 8; ++n)
-          *reinterpret_cast<uint32_t*>(dst + n * 8) = arch::pack2<T>(o[n][2 * j] * inv, o[n][2 * j + 1] * inv);
+        for (int m = 0; m < kHeadDim / 32; ++m)
+          dst[m] = make_uint4(arch::pack2<T>(o[4 * m][2 * j] * inv, o[4 * m][2 * j + 1] * inv),
+                              arch::pack2<T>(o[4 * m + 1][2 * j] * inv, o[4 * m + 1][2 * j + 1] * inv),
+                              arch::pack2<T>(o[4 * m + 2][2 * j] * inv, o[4 * m + 2][2 * j + 1] * inv),
+                              arch::pack2<T>(o[4 * m + 3][2 * j] * inv, o[4 * m + 3][2 * j + 1] * inv));
         if ((lane & 3) == 0) L.part_lse[prow] = l[j] > 0.f ? base[j] + arch::log2_approx(l[j]) : -INFINITY;
       }
+      if (claiming && lane == 0) claim_record(rec[far]);  // visible to all after the next barrier A
       if constexpr (KV_STAGES == 1) {
         if (jj + 1 == njobs && next) {
           __syncthreads();  // every warp's reads of the K/V stage are done
@@ -327,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
       }
     }
     if (N.item < 0) break;
-    cur ^= 1;
+    cur = nxt;
     if constexpr (KV_STAGES == 2) stage ^= 1;
   }
   arch::cp_async_wait<0>();

@@ -140,7 +140,8 @@ std::shared_ptr<PortableState> make_portable_state(const Plan& plan, const CudaP
   if (!paged.unsupported.empty() || paged.token_kernel || !paged.scan_tiles || paged.rows != kRows ||
       paged.tile_tokens != tile_tokens)
     return nullptr;
-  const int kv_stages = kv_stages_for(smem_optin(dev.device));
+  int kv_stages = kv_stages_for(smem_optin(dev.device));
+  if (knobs::portable_one_kv_stage("msa.plan_prefill")) kv_stages = std::min(kv_stages, 1);
   if (kv_stages == 0) return nullptr;
   if (!configure_kvmajor<__nv_bfloat16, false>(kv_stages) || !configure_kvmajor<__half, false>(kv_stages))
     return nullptr;
@@ -274,6 +275,7 @@ void run_prefill(const PortableState& s, const decode::State& paged, const Plan&
   mp.lse_stride_token = p.lse_stride_token;
   mp.lse_stride_head = p.lse_stride_head;
   mp.v_scale = p.v_scale;  // the partials are unscaled: v_scale enters once, in the merge
+  mp.quad_major_partials = true;  // kernel.cuh stores a partial row as its quads hold it
   const int grid = s.sm_count;
   for (int32_t w = 0; w < s.num_windows; ++w) {
     kp.window = w;

@@ -343,7 +343,7 @@ constexpr int kMergeSlots = 16;
 static_assert(kMaxTopk <= 4 * kMergeSlots && kMaxTopk % kMergeSlots == 0, "a lane holds <= 4 slots' lse");
 static_assert(kKvMinGroup % 2 == 0, "a merge warp takes two heads of one token");
 
-template <typename Elem>
+template <typename Elem, bool kQuadMajor>
 __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local_tile) {
   const KvLists& L = p.lists;
   const int32_t tile = p.window * L.window_tiles + local_tile;
@@ -431,9 +431,17 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
     const int64_t tok = static_cast<int64_t>(v.qo_start) + qi;
     const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head;
     // o's strides are multiples of 8 elements and its pointer 16-byte aligned (sm90 supports()).
-    *reinterpret_cast<uint4*>(static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head + 8 * sub) =
-        make_uint4(arch::pack2<Elem>(acc[0] * inv, acc[1] * inv), arch::pack2<Elem>(acc[2] * inv, acc[3] * inv),
-                   arch::pack2<Elem>(acc[4] * inv, acc[5] * inv), arch::pack2<Elem>(acc[6] * inv, acc[7] * inv));
+    Elem* orow = static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head;
+    if constexpr (kQuadMajor) {  // this lane's 16 bytes: dims 32m + 8i + 2q, +1 (i = 0..3), q = sub / 4, m = sub % 4
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint32_t*>(orow + 32 * (sub & 3) + 8 * i + 2 * (sub >> 2)) =
+            arch::pack2<Elem>(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+    } else {
+      *reinterpret_cast<uint4*>(orow + 8 * sub) =
+          make_uint4(arch::pack2<Elem>(acc[0] * inv, acc[1] * inv), arch::pack2<Elem>(acc[2] * inv, acc[3] * inv),
+                     arch::pack2<Elem>(acc[4] * inv, acc[5] * inv), arch::pack2<Elem>(acc[6] * inv, acc[7] * inv));
+    }
     if (p.lse != nullptr && sub == 0)
       p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
           wsum > 0.f ? (base + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
@@ -444,12 +452,12 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
 // at once. (A grid of 2048 CTAs striding over the tiles ran 3.19 ms at M3-TP1 P-32K `random` where one
 // CTA a tile had run 2.90 ms, in separate runs.) Held to 128 registers: 2 CTAs, 16 warps per SM (142
 // unbounded, i.e. 1 CTA per SM).
-template <typename Elem>
+template <typename Elem, bool kQuadMajor>
 __global__ void __launch_bounds__(kMergeThreads, 2) kv_merge_kernel(KvMergeParams p) {
   arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   if (p.lists.window_kv_tiles[p.window] == 0) return;
-  merge_tile<Elem>(p, blockIdx.x);
+  merge_tile<Elem, kQuadMajor>(p, blockIdx.x);
 }
 
 }  // namespace
@@ -472,10 +480,10 @@ void launch_kv_merge(const KvMergeParams& p, bool pdl, cudaStream_t stream) {
   const int32_t first = p.window * p.lists.window_tiles;
   const int32_t tiles = std::min(p.lists.window_tiles, p.sched.num_tiles - first);
   if (tiles <= 0) return;
-  if (p.dtype == ScalarType::kBF16)
-    launch_kernel(pdl, kv_merge_kernel<__nv_bfloat16>, dim3(tiles), dim3(kMergeThreads), 0, stream, p);
-  else
-    launch_kernel(pdl, kv_merge_kernel<__half>, dim3(tiles), dim3(kMergeThreads), 0, stream, p);
+  const bool bf16 = p.dtype == ScalarType::kBF16;
+  const auto kernel = p.quad_major_partials ? (bf16 ? kv_merge_kernel<__nv_bfloat16, true> : kv_merge_kernel<__half, true>)
+                                            : (bf16 ? kv_merge_kernel<__nv_bfloat16, false> : kv_merge_kernel<__half, false>);
+  launch_kernel(pdl, kernel, dim3(tiles), dim3(kMergeThreads), 0, stream, p);
 }
 
 }  // namespace msa::detail::cuda::prefill_sm90

@@ -45,6 +45,9 @@ struct KvMergeParams {
   float* lse = nullptr;
   int64_t lse_stride_token = 0, lse_stride_head = 0;
   float v_scale = 1.f;  // multiplies o, once, here: the partials are unscaled
+  // The dim order of a partial row: false natural; true quad-major (the portable KV-major kernel's: bytes
+  // 64q + 16m + 4i hold dims 32m + 8i + 2q, +1, i.e. what lane q of an mma.sync quad holds, stored whole).
+  bool quad_major_partials = false;
 };
 
 // o / lse of every token of the window's KV-major tiles from its slots' partials (a slot without a

@@ -214,6 +214,25 @@ def test_fp8_kv(rng, monkeypatch, mode, dtype, interleaved):
     mt.assert_lse_close(lse, lse_ref)
 
 
+@pytest.mark.parametrize("pattern", ["random", "shared"])
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_one_kv_stage(rng, monkeypatch, pattern, kv):
+    """MSA_PORTABLE_KV_STAGES=1: the one-stage kernel of the 99 KiB parts (sm_86 / 89 / 120), run here; items of
+    one job (random) and of several (shared), several windows."""
+    monkeypatch.setenv("MSA_PORTABLE_KV_STAGES", "1")
+    prob = problem(rng, [700, 129, 5], [3000, 129, 900], num_kv_heads=2, pattern=pattern, neg_slot_prob=0.2)
+    plan = plan_for(prob, monkeypatch, "kvmajor", window_tiles=16)
+    assert plan.describe()["kv_stages"] == "1", plan.describe()
+    if kv == "bf16":
+        check(plan, prob)
+        return
+    k8, v8, kd, vd = mt.fp8_kv(prob, K_SCALE, V_SCALE)
+    o, lse = run_gpu(plan, prob, k=to_device_fp8(k8), v=to_device_fp8(v8), k_scale=K_SCALE, v_scale=V_SCALE)
+    o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
+    mt.assert_close(o, o_ref)
+    mt.assert_lse_close(lse, lse_ref)
+
+
 @pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
 def test_repeated_runs_are_bitwise_equal(rng, monkeypatch, mode):
     """The KV-major lists are built with atomics and items claimed dynamically; results must not depend on it."""
@@ -289,8 +308,10 @@ def _sanitizer_case():
     """One small sparse case per decomposition: the launches compute-sanitizer watches. KV-major items span
     several jobs and CTAs claim several items (every K/V stage and item record reused)."""
     rng = np.random.default_rng(0)
-    for mode, pattern in (("qmajor", "clustered"), ("kvmajor", "random"), ("kvmajor", "shared")):
+    for mode, pattern, stages in (("qmajor", "clustered", "auto"), ("kvmajor", "random", "auto"),
+                                  ("kvmajor", "shared", "auto"), ("kvmajor", "shared", "1")):
         set_env(mode)
+        os.environ["MSA_PORTABLE_KV_STAGES"] = stages
         prob = problem(rng, [300, 9], [1000, 9], pattern=pattern, num_kv_heads=1)
         o, lse = run_gpu(msa.plan_prefill(prob.qo_lens, prob.kv_lens, qo_offset=prob.qo_offset,
                                           num_qo_heads=prob.num_qo_heads, num_kv_heads=prob.num_kv_heads,
@@ -299,7 +320,7 @@ def _sanitizer_case():
         o_ref, lse_ref = mt.ref_attention(prob)
         mt.assert_close(o, o_ref)
         mt.assert_lse_close(lse, lse_ref)
-        print(f"{mode:8s} {pattern:10s} ok", flush=True)
+        print(f"{mode:8s} {pattern:10s} kv_stages={stages} ok", flush=True)
 
 
 if __name__ == "__main__":
