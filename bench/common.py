@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -230,7 +231,7 @@ def check_record(ap, args) -> None:
     if changed:
         ap.error("--record measures the default options only; drop " + ", ".join("--" + k.replace("_", "-")
                                                                                  for k in changed))
-    knobs = sorted(k for k in os.environ if k.startswith("MSA_") and k != "MSA_COMMIT")
+    knobs = sorted(k for k in os.environ if k.startswith("MSA_") and k not in ("MSA_COMMIT", "MSA_CUDA_ARCH"))
     if knobs:
         ap.error("--record measures the default kernel choices; unset " + ", ".join(knobs))
 
@@ -282,6 +283,19 @@ def write_results(bench: str, ceil: dict, rows: list, out_dir: str | None = None
     print(md, flush=True)
     print(f"# written: {', '.join(str(folder / name) + '.json' for folder, name in targets)}", flush=True)
     return targets[0][0] / f"{targets[0][1]}.json"
+
+
+@functools.lru_cache(maxsize=None)
+def msa_impl_name() -> str:
+    """The rows' impl name for this build on this GPU: `msa` where prefill plans take the Hopper kernels,
+    `msa-portable` where they take the portable family (a build without sm_90a code, e.g. MSA_CUDA_ARCH=80-virtual:
+    what an A100, L40S or RTX part runs, measured on the H200 through PTX). Its runs of record are
+    <bench>-portable."""
+    import msa
+
+    plan = msa.plan_prefill([256], [256], num_qo_heads=64, num_kv_heads=4, head_dim=128, page_size=128, topk=16,
+                            device="cuda")
+    return "msa" if "sm90" in plan.describe() else "msa-portable"
 
 
 def main_guard():

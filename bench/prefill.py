@@ -31,7 +31,10 @@ Rows: msa (default decomposition, chosen per tile on the device), msa-qmajor / m
 MSA_SM90_PREFILL; not with --quick), msa-dense (dense causal paged), cudnn-sdpa (torch SDPA, cuDNN backend,
 dense causal on the same shapes; for a chunk after a prefix the causal mask is bottom-right aligned, and
 the row names the backend that accepted it), flex (FlexAttention with the block mask of the `shared`
-selection, own block causal). Effective TFLOP/s = 4 * D * (attended (query head, key) pairs) / time, the
+selection, own block causal). On a build without sm_90a code (MSA_CUDA_ARCH=80-virtual: the portable family,
+what an A100, L40S or RTX part runs) the msa rows are named msa-portable (modes through MSA_PORTABLE_PREFILL),
+the dense peers include sdpa-flash (the flash backend: FlashAttention-2's kernels; vs_sdpa_flash = its time
+over the msa row's), and a run of record is prefill-portable. Effective TFLOP/s = 4 * D * (attended (query head, key) pairs) / time, the
 pairs counted exactly from the selections on the GPU. ratio = TFLOP/s over the 8192^3 bf16 matmul of the
 same run. max_err: largest abs difference against an fp32 computation of sampled rows (sparse), or against
 the cuDNN output (dense).
@@ -67,7 +70,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (LAST_TIMES, add_output_options, capture_graph, ceilings, check_record,  # noqa: E402
-                    environment, flush_buffer, main_guard, parse_variants, row, time_eager, time_flushed,
+                    environment, flush_buffer, main_guard, msa_impl_name, parse_variants, row, time_eager, time_flushed,
                     time_graph, write_results)
 from gpu_monitor import GpuMonitor  # noqa: E402
 
@@ -76,6 +79,7 @@ import msa  # noqa: E402
 SHAPES = {"M3-TP1": (64, 4), "M3-TP4": (16, 1)}          # (Hq, Hkv)
 WORKLOADS = {"P-32K": (32768, 32768), "P-chunk": (4096, 32768), "P-128K": (8192, 131072)}  # (qo_len, kv_len)
 BARS = {"random": 250.0, "clustered": 450.0, "shared": 550.0}  # TFLOP/s on P-32K and P-chunk
+PORTABLE_BARS = {"random": 175.0, "clustered": 200.0, "shared": 300.0}  # msa-portable rows (2x the Triton path)
 D, BLOCK, TOPK = 128, 128, 16
 FP8_SCALE = 1.0 / 64  # k_scale = v_scale of the -fp8 rows' e4m3 copy of the cache (N(0, 1) values up to 7 sigma)
 POOL, POOL_PICKS = 24, 14
@@ -183,7 +187,8 @@ def dense_pairs(c: Case) -> int:
 # ---- msa -------------------------------------------------------------------------------------------
 
 def msa_runner(c: Case, sel: torch.Tensor | None, mode: str = "auto", env: dict | None = None, fp8: bool = False):
-    with environment({"MSA_SM90_PREFILL": mode, **(env or {})}):
+    knob = "MSA_SM90_PREFILL" if msa_impl_name() == "msa" else "MSA_PORTABLE_PREFILL"  # the family's decomposition
+    with environment({knob: mode, **(env or {})}):
         plan = msa.plan_prefill([c.T], [c.S], num_qo_heads=c.hq, num_kv_heads=c.hkv, head_dim=D, page_size=BLOCK,
                                 topk=TOPK if sel is not None else 0, causal=True, device=DEV)
     out = torch.empty_like(c.q)
@@ -219,21 +224,26 @@ def sparse_max_err(c: Case, sel: torch.Tensor, out: torch.Tensor, gen: torch.Gen
 
 # ---- peers -----------------------------------------------------------------------------------------
 
-def sdpa_runner(c: Case):
-    """Dense causal SDPA on the cuDNN backend; (callable, output [1, Hq, T, D], impl name) or raises.
-    T < S needs a bottom-right aligned causal mask: tried on cuDNN, then on the flash backend."""
+def sdpa_runner(c: Case, flash_only: bool = False):
+    """Dense causal SDPA on the cuDNN backend (flash_only: on the flash backend); (callable, output [1, Hq, T, D],
+    impl name) or raises. T < S needs a bottom-right aligned causal mask: tried on cuDNN, then on the flash backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q, k, v = c.q_bhsd().contiguous(), c.k_lin, c.v_lin
     attempts = []
     if c.T == c.S:
         attempts.append(("cudnn-sdpa", SDPBackend.CUDNN_ATTENTION, dict(is_causal=True)))
+        attempts.append(("sdpa-flash", SDPBackend.FLASH_ATTENTION, dict(is_causal=True)))
     else:
         from torch.nn.attention.bias import causal_lower_right
 
         bias = causal_lower_right(c.T, c.S)
         attempts += [("cudnn-sdpa", SDPBackend.CUDNN_ATTENTION, dict(attn_mask=bias)),
                      ("sdpa-flash", SDPBackend.FLASH_ATTENTION, dict(attn_mask=bias))]
+    if flash_only:
+        attempts = [a for a in attempts if a[0] == "sdpa-flash"]
+    elif c.T == c.S:
+        attempts = attempts[:1]
     errors = []
     for name, backend, kw in attempts:
         for gqa in (True, False):
@@ -399,10 +409,14 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
     iters = opts.iters or (10 if opts.quick else 20)
 
     bf16_us = {}  # (pattern, impl) -> us of the bf16-cache row, for the fp8 rows' ratio
+    peer_us = {}  # dense peer -> us
 
     def emit(pattern, impl, us, pairs, fp8=False, **extra):
         tf = tflops(pairs, us)
-        bar = BARS.get(pattern) if wl in ("P-32K", "P-chunk") and impl == "msa" and not fp8 else None
+        bars = BARS if opts.impl == "msa" else PORTABLE_BARS
+        bar = bars.get(pattern) if wl in ("P-32K", "P-chunk") and impl == opts.impl and not fp8 else None
+        if pattern == "dense" and "sdpa-flash" in peer_us and impl.startswith(opts.impl) and not fp8:
+            extra["vs_sdpa_flash"] = round(peer_us["sdpa-flash"] / us, 3)  # the portable bar: >= 1 / 1.15
         if fp8 and (pattern, impl) in bf16_us:
             # the fp8 bar: >= 0.95 of the bf16-cache figure of the same run
             extra["vs_bf16"] = round(bf16_us[(pattern, impl)] / us, 3)
@@ -420,6 +434,7 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
         kern = "" if "kernels_us" not in extra else "  " + " ".join(f"{k} {v}" for k, v in extra["kernels_us"].items())
         clk = "" if "sm_mhz" not in extra else f"  {extra['sm_mhz']} MHz (min {extra['sm_mhz_min']}, capped {extra['power_capped']})"
         vs = "" if "vs_bf16" not in extra else f"  vs bf16 {extra['vs_bf16']:.3f}"
+        vs += "" if "vs_sdpa_flash" not in extra else f"  vs sdpa-flash {extra['vs_sdpa_flash']:.3f}"
         print(f"{wl + ('-fp8' if fp8 else ''):12s} {shape:7s} {pattern:9s} {impl:18s} {us:10.1f} us {tf:7.1f} "
               f"TFLOP/s{err}{vs}{eager}{clk}{kern}", flush=True)
 
@@ -477,20 +492,25 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
 
     flex_wanted = opts.flex == "all" or f"{shape}:{wl}" in opts.flex.split(",")
 
-    # dense causal: msa against cuDNN SDPA
+    # dense causal: msa against cuDNN SDPA (and, for msa-portable, the flash backend: FlashAttention-2's kernels)
     pairs = dense_pairs(c)
     ref = None
     if opts.peers and not opts.once and "dense" in opts.patterns:
-        try:
-            sdpa_call, ref, sdpa_name = sdpa_runner(c)
-            rest = settle()
-            with opts.monitor.window() as w:
-                sus = time_flushed(sdpa_call, iters=iters, graph=False)
-            iso = round(time_eager(sdpa_call, iters=iters), 1)
-            emit("dense", sdpa_name, sus, pairs, isolated_us=iso, **w.fields(), **rest)
-        except Exception as e:  # noqa: BLE001
-            rows.append(row(wl, shape, "dense", "cudnn-sdpa", 0.0, error=str(e)[:400]))
-            print(f"{wl} {shape} dense cudnn-sdpa: {e}", flush=True)
+        for flash in (False, True) if opts.impl == "msa-portable" else (False,):
+            try:
+                sdpa_call, o, sdpa_name = sdpa_runner(c, flash_only=flash)
+                ref = o if ref is None else ref
+                rest = settle()
+                with opts.monitor.window() as w:
+                    sus = time_flushed(sdpa_call, iters=iters, graph=False)
+                iso = round(time_eager(sdpa_call, iters=iters), 1)
+                emit("dense", sdpa_name, sus, pairs, isolated_us=iso, **w.fields(), **rest)
+                peer_us[sdpa_name] = sus
+                del o
+            except Exception as e:  # noqa: BLE001
+                name = "sdpa-flash" if flash else "cudnn-sdpa"
+                rows.append(row(wl, shape, "dense", name, 0.0, error=str(e)[:400]))
+                print(f"{wl} {shape} dense {name}: {e}", flush=True)
     if "dense" in opts.patterns:
         for vname, env in opts.variants:
             for fp8 in opts.kv_fp8:
@@ -499,7 +519,7 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
                 if us is None:
                     continue
                 err = None if ref is None or fp8 else float((out - ref[0].transpose(0, 1)).abs().max().item())
-                emit("dense", f"msa-dense{vname}", us, pairs, max_err=err, plan=call.plan, fp8=fp8, **extra)
+                emit("dense", f"{opts.impl}-dense{vname}", us, pairs, max_err=err, plan=call.plan, fp8=fp8, **extra)
     del ref
 
     for pattern in ("random", "clustered", "shared"):
@@ -511,7 +531,7 @@ def bench_case(shape: str, wl: str, opts, ceil: dict, rows: list, seed: int) -> 
         for mode in opts.modes:
             for vname, env in opts.variants:
                 for fp8 in opts.kv_fp8:
-                    impl = ("msa" if mode == "auto" else f"msa-{mode}") + vname
+                    impl = (opts.impl if mode == "auto" else f"{opts.impl}-{mode}") + vname
                     try:
                         call, o = msa_runner(c, sel, mode, env, fp8)
                         us, extra = time_msa(call)
@@ -579,13 +599,15 @@ def main():
         ap.error(f"--kv: expected bf16, fp8 or bf16,fp8, got {args.kv!r}")
     args.kv_fp8 = [k == "fp8" for k in ("bf16", "fp8") if k in kinds]
     args.monitor = GpuMonitor(enabled=not args.once)  # no sampler beside an ncu run
+    args.impl = msa_impl_name()
     ceil = {"copy_gbps": None, "matmul_tflops": None} if args.once else ceilings()
     rows: list = []
     for shape in shapes:
         for wl in wls:
             bench_case(shape, wl, args, ceil, rows, args.seed)
     if not args.once:
-        write_results("prefill", ceil, rows, args.out_dir, record=args.record)
+        write_results("prefill" if args.impl == "msa" else "prefill-portable", ceil, rows, args.out_dir,
+                      record=args.record)
 
 
 if __name__ == "__main__":
