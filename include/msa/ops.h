@@ -129,4 +129,9 @@ void write_cache(const TensorView& src, const TensorView& cache, const TensorVie
 // True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.
 bool cuda_available();
 
+// The compute capability (major * 10 + minor) msa's kernels run as on the current GPU: the GPU's own, or lower
+// where this build holds only older code for it (a build for sm_80 run on an H200 reports 80 and takes the
+// portable kernels there); 0 without a usable GPU.
+int cuda_compute_capability();
+
 }  // namespace msa

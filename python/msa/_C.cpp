@@ -520,6 +520,9 @@ void bind_ops(nb::module_& m) {
       "DLPack C exchange API (python/msa/_framework.py resolve_stream).");
   m.def("cuda_available", &msa::cuda_available,
         "True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.");
+  m.def("cuda_compute_capability", &msa::cuda_compute_capability,
+        "The compute capability (major * 10 + minor) msa's kernels run as on the current GPU: the GPU's own, or "
+        "lower where this build holds only older code for it (a build for sm_80 on an H200: 80); 0 without one.");
 }
 
 }  // namespace

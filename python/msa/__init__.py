@@ -11,7 +11,7 @@ Importing msa never imports torch. The semantics are those of docs/python_api.md
 Beside this core, the torch-only modules: msa.torch_ops (the entry points as torch custom ops) and the
 serving-engine drop-ins of msa.engines, imported as msa.sglang, msa.fmha_sm100 and msa.flashinfer.
 """
-from ._C import cuda_available
+from ._C import cuda_available, cuda_compute_capability
 from .ops import attention, block_scores, build_page_table, merge_states, select_topk, sparse_attention_layer
 from .ops import write_cache
 from .plan import Plan, plan_decode, plan_prefill
@@ -24,6 +24,7 @@ __all__ = [
     "block_scores",
     "build_page_table",
     "cuda_available",
+    "cuda_compute_capability",
     "merge_states",
     "plan_decode",
     "plan_prefill",

@@ -31,7 +31,10 @@ namespace cuda {  // src/cuda/: defined when built with CUDA, otherwise stubs th
 bool available();                // a device of compute capability >= 8.0 is visible
 bool compiled();                 // this build has the CUDA backend
 int sm_count(int device);
-int compute_capability(int device);  // major * 10 + minor
+// The compute capability the kernels run as (major * 10 + minor): the device's, or the older arch of this
+// binary's code for it (sm_80 PTX on an H200: 80); 0 where none of its code runs there.
+int compute_capability(int device);
+int current_compute_capability();  // of the current device
 // Workspaces and work lists for a plan on a CUDA device; never synchronizes.
 std::shared_ptr<PlanState> make_plan_state(const Plan& plan);
 void attention(const Plan& plan, const AttentionParams& p, void* stream);

@@ -96,6 +96,8 @@ void check_cuda_ready(const char* fn, Device d) {
 
 bool cuda_available() { return cuda::compiled() && cuda::available(); }
 
+int cuda_compute_capability() { return cuda_available() ? cuda::current_compute_capability() : 0; }
+
 void attention(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v, const PageTable& pages,
                const Sequences& seqs, const TensorView& block_idx, const TensorView& o, const TensorView& lse,
                const RunOptions& opts) {

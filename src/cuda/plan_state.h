@@ -21,7 +21,7 @@ struct PortableState;  // src/cuda/prefill_portable/: the KV-major path of the p
 struct CudaPlanState : PlanState {
   int device = 0;
   int sm_count = 0;
-  int cc = 0;  // compute capability, major * 10 + minor
+  int cc = 0;  // compute capability the kernels run as (compute_capability(): below the device's for older code)
   std::shared_ptr<decode::State> paged;
   std::shared_ptr<prefill_sm90::PrefillState> sm90_prefill;  // null when the Hopper kernels do not apply
   // Prefill plans the Hopper kernels do not take: the KV-major path beside the paged kernel; null when the

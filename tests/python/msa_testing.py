@@ -308,6 +308,14 @@ def fp8_mma_queries(q) -> np.ndarray:
 FP8_MMA_TOL = dict(rtol=2e-3, atol=2e-2)
 
 
+def kernel_capability() -> tuple[int, int]:
+    """(major, minor) msa's kernels run as on the current GPU (msa.cuda_compute_capability: below the GPU's own
+    for a build without its code, e.g. sm_80 PTX on an H200); the GPU tests' choice of expected paths."""
+    import msa
+
+    return divmod(msa.cuda_compute_capability(), 10)
+
+
 def fp8_mma_scores(total_q, batch_size, num_heads, num_k_heads, capability, env) -> bool:
     """Whether CUDA block_scores with fp8 keys runs the fp8-MMA kernel (src/cuda/indexer/dispatch.cu):
     prefill-shaped calls (total_q = q.shape[0] > 4 x batch) on sm_90 with head groups of at most 256, unless

@@ -14,6 +14,7 @@ bool available() { return false; }
 bool compiled() { return false; }
 int sm_count(int) { return 0; }
 int compute_capability(int) { return 0; }
+int current_compute_capability() { return 0; }
 std::shared_ptr<PlanState> make_plan_state(const Plan&) { no_cuda(); }
 void attention(const Plan&, const AttentionParams&, void*) { no_cuda(); }
 void block_scores(const BlockScoresParams&, void*) { no_cuda(); }

@@ -384,11 +384,9 @@ def run_block_scores(fw, case, data, dtype=None, k_dtype=None):
 
 def _on_fp8_mma(case, prob):
     """Whether the CUDA call of the case (its environment set) runs the fp8-MMA kernel."""
-    import torch
-
     return case["k_dtype"] == "fp8" and mt.fp8_mma_scores(
         prob.q.shape[0] + case["extra_q_rows"], len(prob.kv_lens), case["num_heads"], case["num_k_heads"],
-        torch.cuda.get_device_capability(), os.environ)
+        mt.kernel_capability(), os.environ)
 
 
 def check_block_scores(case, data, got, gpu=False):

@@ -464,7 +464,7 @@ def test_sm90_prefill_q_row_scales(rng, monkeypatch, case, mode, pattern, dtype)
 def test_sm90_prefill_q_near_bf16_max(rng, monkeypatch, mode, pattern):
     """bf16 q near bf16's max, on the sm_90 query-major kernel's scaled fp16 products only: bf16 products of
     such rows overflow fp32 (the KV-major kernel's, the portable kernel's, a bf16 cache's)."""
-    if torch.cuda.get_device_capability() != (9, 0):
+    if mt.kernel_capability() != (9, 0):
         pytest.skip("the sm_90 query-major kernel")
     check_q_row_scales(rng, monkeypatch, "near_max", mode, pattern, "bf16")
 

@@ -83,7 +83,7 @@ def ref_scores(prob, nb, *, causal=True, k_values=None, k_scale=None, q=None):
 def fp8_mma(prob):
     """Whether block_scores with fp8 keys runs prob on the fp8-MMA kernel here (mt.fp8_mma_scores)."""
     return mt.fp8_mma_scores(prob.q.shape[0], len(prob.kv_lens), prob.num_qo_heads, prob.num_kv_heads,
-                             torch.cuda.get_device_capability(), os.environ)
+                             mt.kernel_capability(), os.environ)
 
 
 def fp8_expectation(prob):

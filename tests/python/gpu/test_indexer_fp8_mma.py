@@ -23,7 +23,7 @@ TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @pytest.fixture(autouse=True)
 def _needs_sm90():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    if not torch.cuda.is_available() or mt.kernel_capability() != (9, 0):
         pytest.skip("fp8 wgmma scores run on sm_90 only (other GPUs take the exact path)")
 
 
