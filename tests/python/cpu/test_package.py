@@ -10,8 +10,8 @@ import pytest
 
 import msa
 
-PUBLIC = ["Plan", "attention", "block_scores", "build_page_table", "cuda_available", "merge_states",
-          "plan_decode", "plan_prefill", "select_topk", "sparse_attention_layer", "write_cache"]
+PUBLIC = ["Plan", "attention", "block_scores", "build_page_table", "cuda_available", "cuda_compute_capability",
+          "merge_states", "plan_decode", "plan_prefill", "select_topk", "sparse_attention_layer", "write_cache"]
 
 
 def test_import_and_run_without_torch():
@@ -103,6 +103,12 @@ def test_engine_drop_ins_are_importable_under_their_public_names():
         print("ok")
     """)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_cuda_compute_capability_without_a_gpu():
+    """0 where cuda_available() is False (no CUDA backend, or no usable GPU); a capability >= 80 otherwise."""
+    cc = msa.cuda_compute_capability()
+    assert (cc == 0) if not msa.cuda_available() else cc >= 80
 
 
 def test_public_names_have_docstrings():
