@@ -57,7 +57,7 @@ struct Claim {
   int32_t index;  // the item's index in the window (atomic counter)
   KvWorkItem w;
   prefill_sm90::SeqView v;
-  int32_t start, count, page;
+  int32_t count, page;
   bool ok;
 };
 
@@ -112,7 +112,6 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
       start = max(cl.w.start, 0);
       const int64_t room = window_entries - start;  // entries of the window from start on
       count = cl.ok ? static_cast<int32_t>(prefill_sm90::clamp64(min(cl.w.count, kItemTokens), 0, room > 0 ? room : 0)) : 0;
-      cl.start = start;
       cl.count = count;
       if (cl.ok) cl.v = prefill_sm90::load_seq(p.seqs, cl.w.request);
     }
