@@ -25,6 +25,8 @@ KERNELS = ["token", "general"]
 @pytest.fixture(params=KERNELS)
 def kernel(request, monkeypatch):
     """Which kernel serves the plans made in the test (read at plan time)."""
+    if request.param == "token" and mt.kernel_capability() < (9, 0):
+        pytest.skip("the single-token kernel serves sm_90 code (this build runs older code here)")
     monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "0" if request.param == "general" else "1")
     return request.param
 
