@@ -61,8 +61,12 @@ std::string cuda_device_name() {
   cuda_check(cudaGetDevice(&id), "cudaGetDevice");
   cudaDeviceProp prop{};
   cuda_check(cudaGetDeviceProperties(&prop, id), "cudaGetDeviceProperties");
-  return std::string(prop.name) + " (cuda:" + std::to_string(id) + ", sm_" + std::to_string(prop.major) +
-         std::to_string(prop.minor) + ")";
+  std::string out = std::string(prop.name) + " (cuda:" + std::to_string(id) + ", sm_" + std::to_string(prop.major) +
+                    std::to_string(prop.minor);
+  // A build without code for this GPU's arch runs older code on it (e.g. sm_80 PTX on an H200: the portable kernels).
+  const int ran_as = msa::cuda_compute_capability();
+  if (ran_as != prop.major * 10 + prop.minor) out += ", kernels of sm_" + std::to_string(ran_as);
+  return out + ")";
 }
 
 RunResult run_on_cuda(const Workload& w, int repeat) {
