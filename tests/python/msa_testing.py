@@ -308,6 +308,18 @@ def fp8_mma_queries(q) -> np.ndarray:
 FP8_MMA_TOL = dict(rtol=2e-3, atol=2e-2)
 
 
+def non_finite_rows(rng, s, keep_shares):
+    """s [T, H, nb] in place: each row keeps a share of its values drawn from keep_shares (none, a few, about
+    half, nearly all); the rest become NaN (40%), -inf (55%) or +inf (5%). Returns s."""
+    keep = rng.choice(list(keep_shares), (s.shape[0], s.shape[1], 1))
+    gone = rng.random(s.shape) >= keep
+    kind = rng.random(s.shape)
+    s[gone & (kind < 0.4)] = np.nan
+    s[gone & (kind >= 0.4) & (kind < 0.95)] = -np.inf
+    s[gone & (kind >= 0.95)] = np.inf
+    return s
+
+
 def kernel_capability() -> tuple[int, int]:
     """(major, minor) msa's kernels run as on the current GPU (msa.cuda_compute_capability: below the GPU's own
     for a build without its code, e.g. sm_80 PTX on an H200); the GPU tests' choice of expected paths."""

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import msa
+import msa_testing as mt
 
 BLOCK = 128
 
@@ -47,14 +48,7 @@ def model(s_thk, qo_indptr, kv_lens, topk, *, qo_offset=None, force_begin=0, for
 def spiky_scores(rng, T, H, nb):
     """Small-integer scores (many ties) where each row keeps a random share of finite values (none, a few,
     about half, nearly all); the rest NaN, -inf or +inf."""
-    s = rng.integers(-3, 4, (T, H, nb)).astype(np.float32)
-    keep = rng.choice([0.0, 0.05, 0.5, 0.95], (T, H, 1))
-    gone = rng.random(s.shape) >= keep
-    kind = rng.random(s.shape)
-    s[gone & (kind < 0.4)] = np.nan
-    s[gone & (kind >= 0.4) & (kind < 0.95)] = -np.inf
-    s[gone & (kind >= 0.95)] = np.inf
-    return s
+    return mt.non_finite_rows(rng, rng.integers(-3, 4, (T, H, nb)).astype(np.float32), (0.0, 0.05, 0.5, 0.95))
 
 
 def run(s_thk, qo_indptr, kv_lens, topk, *, layout="THK", qo_offset=None, force=(0, 1), causal=True,

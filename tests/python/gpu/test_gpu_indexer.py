@@ -353,21 +353,23 @@ def test_select_topk_row_lengths(rng, nb):
         np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, 16))
 
 
-@pytest.mark.parametrize("case", ["decode", "mtp_uniform", "ragged_few_tokens", "prefill_causal"])
+# (qo_lens, kv_lens) of select_topk's forms: decode (<= 4 tokens per request), MTP, ragged with empty requests, prefill.
+TOPK_FORM_LENGTHS = {
+    "decode": ([1] * 9, [130, 4100, 9000, 65536, 1, 128, 129, 20000, 2048]),
+    "mtp_uniform": ([3] * 5, [400, 4100, 9000, 65536, 3]),
+    "ragged_few_tokens": ([0, 4, 1, 0, 3, 2, 1], [10, 900, 5000, 7, 30000, 65536, 300]),
+    "prefill_causal": ([5000, 40], [9000, 40]),
+}
+
+
+@pytest.mark.parametrize("case", list(TOPK_FORM_LENGTHS))
 @pytest.mark.parametrize("score_layout", ["HKT", "THK"])
 @pytest.mark.parametrize("ties", [False, True])
 def test_select_topk_forms(rng, case, score_layout, ties):
     """The decode form (<= 4 tokens per request: request guessed from the token, row loaded before the
     lengths arrive; a wrong guess falls back to the search) and the prefill form (keys per lane sized
     to each row's valid blocks), against the CPU backend."""
-    if case == "decode":
-        qo_lens, kv_lens = [1] * 9, [130, 4100, 9000, 65536, 1, 128, 129, 20000, 2048]
-    elif case == "mtp_uniform":
-        qo_lens, kv_lens = [3] * 5, [400, 4100, 9000, 65536, 3]
-    elif case == "ragged_few_tokens":
-        qo_lens, kv_lens = [0, 4, 1, 0, 3, 2, 1], [10, 900, 5000, 7, 30000, 65536, 300]
-    else:
-        qo_lens, kv_lens = [5000, 40], [9000, 40]
+    qo_lens, kv_lens = TOPK_FORM_LENGTHS[case]
     qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
     nb = math.ceil(max(kv_lens) / 128)
     s = random_scores(rng, int(qo_indptr[-1]), 4, nb, ties=ties)
@@ -398,14 +400,8 @@ def test_select_topk_offsets_and_empty_rows(rng, causal):
 def spiky_scores(rng, T, H, nb, *, ties=True):
     """Scores where each row keeps a random share of finite values (none, a few, about half, nearly all); the
     rest NaN, -inf or +inf."""
-    s = random_scores(rng, T, H, nb, ties=ties, nan_frac=0.0, ninf_frac=0.0)
-    keep = rng.choice([0.0, 0.02, 0.5, 0.95], (T, H, 1))
-    gone = rng.random(s.shape) >= keep
-    kind = rng.random(s.shape)
-    s[gone & (kind < 0.4)] = np.nan
-    s[gone & (kind >= 0.4) & (kind < 0.95)] = -np.inf
-    s[gone & (kind >= 0.95)] = np.inf
-    return s
+    return mt.non_finite_rows(rng, random_scores(rng, T, H, nb, ties=ties, nan_frac=0.0, ninf_frac=0.0),
+                              (0.0, 0.02, 0.5, 0.95))
 
 
 def topk_options(s_thk, qo_indptr, kv_lens, topk, *, device, score_layout="THK", qo_offset=None, force=(0, 1),
@@ -478,20 +474,14 @@ def test_select_topk_options_row_lengths(rng, nb, ties):
                                  block_map=owned_ids(rng, 4, nb))
 
 
-@pytest.mark.parametrize("case", ["decode", "mtp_uniform", "ragged_few_tokens", "prefill_causal", "per_token"])
+@pytest.mark.parametrize("case", [*TOPK_FORM_LENGTHS, "per_token"])
 @pytest.mark.parametrize("score_layout", ["HKT", "THK"])
 def test_select_topk_options_forms(rng, case, score_layout):
     """The decode form (request guessed from the token) and the prefill form, each option alone and all
     together; per_token: every token its own non-causal request (msa.flashinfer.msa_topk_select's call)."""
     offset, causal = None, True
-    if case == "decode":
-        qo_lens, kv_lens = [1] * 9, [130, 4100, 9000, 65536, 1, 128, 129, 20000, 2048]
-    elif case == "mtp_uniform":
-        qo_lens, kv_lens = [3] * 5, [400, 4100, 9000, 65536, 3]
-    elif case == "ragged_few_tokens":
-        qo_lens, kv_lens = [0, 4, 1, 0, 3, 2, 1], [10, 900, 5000, 7, 30000, 65536, 300]
-    elif case == "prefill_causal":
-        qo_lens, kv_lens = [5000, 40], [9000, 40]
+    if case in TOPK_FORM_LENGTHS:
+        qo_lens, kv_lens = TOPK_FORM_LENGTHS[case]
     else:
         qo_lens = [1] * 64
         kv_lens = list(rng.integers(0, 260, 64) * 128)

@@ -18,7 +18,6 @@ A small case for compute-sanitizer (memcheck / racecheck / synccheck), outside p
 
     PYTHONPATH=build/python compute-sanitizer --tool racecheck python3 tests/python/gpu/test_gpu_prefill_portable.py
 """
-import faulthandler
 import os
 import sys
 
@@ -29,6 +28,7 @@ torch = pytest.importorskip("torch")
 
 import msa  # noqa: E402
 import msa_testing as mt  # noqa: E402
+from test_gpu_prefill import problem, watchdog  # noqa: E402,F401  (watchdog: the autouse hang guard)
 
 pytestmark = pytest.mark.gpu
 
@@ -36,19 +36,6 @@ DEV = "cuda"
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ["auto", "qmajor", "kvmajor"]
 Q_SCALE, K_SCALE, V_SCALE = 1.7, 0.137, 0.29  # not powers of two: a scale applied twice or not at all shows
-
-
-@pytest.fixture(autouse=True)
-def watchdog():
-    """A hung kernel blocks inside CUDA where Python signals cannot reach: dump the stacks and exit."""
-    faulthandler.dump_traceback_later(300, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-
-
-def problem(rng, qo_lens, kv_lens, *, group=16, num_kv_heads=2, pattern="random", topk=16, **kw):
-    return mt.make_problem(rng, qo_lens=qo_lens, kv_lens=kv_lens, num_qo_heads=group * num_kv_heads,
-                           num_kv_heads=num_kv_heads, topk=topk, pattern=pattern, **kw)
 
 
 def set_env(mode, window_tiles=None, env=None):
