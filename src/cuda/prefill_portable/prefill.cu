@@ -48,74 +48,6 @@ int smem_optin(int device) {
   return v;
 }
 
-// Windows, key arrays and partial outputs, as the Hopper family sizes them (prefill_sm90/prefill.cu,
-// plan_kv_major): false when the key arrays would be unreasonably large (the paged kernel serves the plan).
-bool plan_windows(PortableState& s, int64_t total_blocks) {
-  const int32_t group = 1 << s.group_shift;
-  const int64_t part_bytes_per_tile = static_cast<int64_t>(s.list_capacity) * group * kHeadDim * 2;
-  int64_t window = std::max<int64_t>(
-      1, std::min<int64_t>(s.num_tiles, prefill_sm90::kKvPartialBudgetBytes / part_bytes_per_tile));
-  if (const int64_t w = knobs::kv_window_tiles("msa.plan_prefill")) window = std::min(window, w);
-  const int64_t sub = std::min<int64_t>(prefill_sm90::kKvSubwindowTiles, window);
-  const int64_t windows = (s.num_tiles + window - 1) / window;
-  const int64_t subs = (window + sub - 1) / sub;
-  if (windows * subs * total_blocks > (int64_t(1) << 24) || total_blocks == 0) return false;
-  s.window_tiles = static_cast<int32_t>(window);
-  s.num_windows = static_cast<int32_t>(windows);
-  s.subwindow_tiles = static_cast<int32_t>(sub);
-  s.block_keys = static_cast<int32_t>(total_blocks);
-  s.key_span = static_cast<int32_t>(subs * total_blocks);
-  s.key_stripes = s.key_span <= prefill_sm90::kKeyStripesWideKeys ? 8 : 4;
-  s.item_capacity = static_cast<int32_t>(window * s.list_capacity / prefill_sm90::kKvItemTokens + s.key_span + 1);
-  const size_t entries = static_cast<size_t>(s.num_tiles) * s.list_capacity;
-  const size_t keys = static_cast<size_t>(windows) * s.key_span;
-  s.key_count = DeviceBuffer(keys * s.key_stripes * sizeof(int32_t));
-  s.key_offset = DeviceBuffer(keys * sizeof(int32_t));
-  s.entry_key = DeviceBuffer(entries * sizeof(int32_t));
-  s.entry_rank = DeviceBuffer(entries * sizeof(int32_t));
-  s.pairs = DeviceBuffer(entries * sizeof(int2));
-  s.items = DeviceBuffer(static_cast<size_t>(windows) * s.item_capacity * sizeof(KvWorkItem));
-  s.item_count = DeviceBuffer(static_cast<size_t>(windows) * sizeof(int32_t));
-  s.part_o = DeviceBuffer(static_cast<size_t>(window * part_bytes_per_tile));
-  s.part_lse = DeviceBuffer(static_cast<size_t>(window) * s.list_capacity * group * sizeof(float));
-  return true;
-}
-
-prefill_sm90::TileSchedule schedule_of(const PortableState& s) {
-  prefill_sm90::TileSchedule t;
-  t.tile_cum = ptr<int32_t>(s.tile_cum);
-  t.num_tiles = s.num_tiles;
-  t.num_kv_heads = s.num_kv_heads;
-  t.tile_tokens = s.tile_tokens;
-  return t;
-}
-
-KvLists kv_lists_of(const PortableState& s) {
-  KvLists L;
-  L.window_tiles = s.window_tiles;
-  L.num_windows = s.num_windows;
-  L.list_capacity = s.list_capacity;
-  L.topk = s.topk;
-  L.blk_cum = ptr<int32_t>(s.blk_cum);
-  L.subwindow_tiles = s.subwindow_tiles;
-  L.block_keys = s.block_keys;
-  L.key_span = s.key_span;
-  L.key_stripes = s.key_stripes;
-  L.key_count = ptr<int32_t>(s.key_count);
-  L.key_offset = ptr<int32_t>(s.key_offset);
-  L.entry_key = ptr<int32_t>(s.entry_key);
-  L.entry_rank = ptr<int32_t>(s.entry_rank);
-  L.pairs = ptr<int2>(s.pairs);
-  L.items = ptr<KvWorkItem>(s.items);
-  L.item_count = ptr<int32_t>(s.item_count);
-  L.item_counter = ptr<int32_t>(s.counters) + 1;
-  L.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
-  L.item_capacity = s.item_capacity;
-  L.part_o = s.part_o.get();
-  L.part_lse = ptr<float>(s.part_lse);
-  return L;
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -169,7 +101,7 @@ std::shared_ptr<PortableState> make_portable_state(const Plan& plan, const CudaP
   s->num_tiles = static_cast<int32_t>(tiles);
   s->paged_items = paged.num_tiles * paged.num_kv_heads;
   s->list_capacity = tile_tokens * c.topk;
-  if (!plan_windows(*s, blocks)) return nullptr;
+  if (!prefill_sm90::plan_kv_windows(*s, blocks)) return nullptr;
 
   const size_t B1 = static_cast<size_t>(plan.batch_size()) + 1;
   s->tile_cum = DeviceBuffer(B1 * sizeof(int32_t));
@@ -207,42 +139,17 @@ void run_prefill(const PortableState& s, const decode::State& paged, const Plan&
   if (s.num_tiles == 0 || p.seqs.total_q == 0) return;
   const bool bf16 = p.dtype == ScalarType::kBF16;
   const bool f8 = p.kv_dtype == ScalarType::kF8E4M3;
-  const prefill_sm90::TileSchedule sched = schedule_of(s);
   prefill_sm90::launch_tile_schedule(p.seqs, s.tile_tokens, s.num_kv_heads, ptr<int32_t>(s.tile_cum),
                                      ptr<int32_t>(s.blk_cum), ptr<int32_t>(s.counters), 2 + 2 * s.num_windows, stream);
-  prefill_sm90::TileListParams tl;
-  tl.seqs = p.seqs;
-  tl.sched = sched;
-  tl.causal = s.causal;
-  tl.block_idx = p.block_idx;
-  tl.bi_stride_token = p.bi_stride_token;
-  tl.bi_stride_head = p.bi_stride_head;
-  tl.bi_stride_k = p.bi_stride_k;
-  tl.topk = s.topk;
-  tl.rule = s.rule;
-  tl.entries = ptr<int2>(s.list_entries);
-  tl.count = ptr<int32_t>(s.list_count);
-  tl.kv_major = ptr<int32_t>(s.kv_major);
-  tl.capacity = s.list_capacity;
-  tl.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
-  tl.window_tiles = s.window_tiles;
+  const prefill_sm90::TileListParams tl = prefill_sm90::tile_list_params(s, p);
   prefill_sm90::launch_tile_lists(tl, s.pdl, stream);
-  launch_item_flags(p.seqs, sched, tl.kv_major, ptr<int32_t>(s.skip_items), s.paged_items, s.pdl, stream);
+  launch_item_flags(p.seqs, tl.sched, tl.kv_major, ptr<int32_t>(s.skip_items), s.paged_items, s.pdl, stream);
 
   decode::run(paged, plan, p, stream, ptr<int32_t>(s.skip_items));
 
-  const KvLists lists = kv_lists_of(s);
+  const prefill_sm90::KvListParams lp = prefill_sm90::kv_list_params(s, p);
+  const KvLists& lists = lp.lists;
   MSA_CUDA_CHECK(cudaMemsetAsync(lists.key_count, 0, s.key_count.bytes(), stream));
-  prefill_sm90::KvListParams lp;
-  lp.seqs = p.seqs;
-  lp.sched = sched;
-  lp.causal = s.causal;
-  lp.block_idx = p.block_idx;
-  lp.bi_stride_token = p.bi_stride_token;
-  lp.bi_stride_head = p.bi_stride_head;
-  lp.bi_stride_k = p.bi_stride_k;
-  lp.kv_major = tl.kv_major;
-  lp.lists = lists;
   prefill_sm90::launch_kv_rank(lp, false, stream);  // after a memset: no PDL edge
   prefill_sm90::launch_kv_scan(lp, s.pdl, stream);
   prefill_sm90::launch_kv_fill(lp, s.pdl, stream);
@@ -263,7 +170,7 @@ void run_prefill(const PortableState& s, const decode::State& paged, const Plan&
 
   prefill_sm90::KvMergeParams mp;
   mp.seqs = p.seqs;
-  mp.sched = sched;
+  mp.sched = tl.sched;
   mp.kv_major = tl.kv_major;
   mp.lists = lists;
   mp.group_shift = s.group_shift;

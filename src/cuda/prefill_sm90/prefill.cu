@@ -54,49 +54,20 @@ KvMajorRule sparse_rule(bool sparse, int group) {
   }
 }
 
-// Rank counters per KV-major key: 8 for a window of at most kKeyStripesWideKeys keys, else 4.
-int32_t key_stripes(int32_t key_span) { return key_span <= kKeyStripesWideKeys ? 8 : 4; }
-
 template <typename T>
 T* ptr(const DeviceBuffer& b) {
   return static_cast<T*>(b.get());
 }
 
-// Sizes the KV-major windows and their buffers; leaves the rule at kNever when the key arrays
-// would be unreasonably large (a huge batch of long requests: query-major serves it).
+// Sizes the KV-major windows and their buffers (kvmajor_state.h) and encodes the partial outputs' maps; leaves
+// the rule at kNever when the key arrays would be unreasonably large (query-major serves the plan).
 void plan_kv_major(PrefillState& s, int64_t total_blocks) {
-  const int32_t group = 1 << s.group_shift;
-  const int64_t part_bytes_per_tile = static_cast<int64_t>(s.list_capacity) * group * kHeadDim * 2;
-  int64_t window = std::max<int64_t>(1, std::min<int64_t>(s.num_tiles, kKvPartialBudgetBytes / part_bytes_per_tile));
-  // MSA_SM90_KV_WINDOW_TILES caps it (tests: several windows on a small problem).
-  if (const int64_t w = knobs::kv_window_tiles("msa.plan_prefill")) window = std::min(window, w);
-  const int64_t sub = std::min<int64_t>(kKvSubwindowTiles, window);
-  const int64_t windows = (s.num_tiles + window - 1) / window;
-  const int64_t subs = (window + sub - 1) / sub;
-  constexpr int64_t kMaxKeys = int64_t(1) << 24;
-  if (windows * subs * total_blocks > kMaxKeys || total_blocks == 0) {
+  if (!plan_kv_windows(s, total_blocks)) {
     s.rule = KvMajorRule::kNever;
     return;
   }
-  s.window_tiles = static_cast<int32_t>(window);
-  s.num_windows = static_cast<int32_t>(windows);
-  s.subwindow_tiles = static_cast<int32_t>(sub);
-  s.block_keys = static_cast<int32_t>(total_blocks);
-  s.key_span = static_cast<int32_t>(subs * total_blocks);
-  s.key_stripes = key_stripes(s.key_span);
-  // Items of a window: at most one partial item per key plus one per kKvItemTokens entries.
-  s.item_capacity = static_cast<int32_t>(window * s.list_capacity / kKvItemTokens + s.key_span + 1);
-  const size_t entries = static_cast<size_t>(s.num_tiles) * s.list_capacity;
-  const size_t keys = static_cast<size_t>(windows) * s.key_span;
-  s.key_count = DeviceBuffer(keys * s.key_stripes * sizeof(int32_t));
-  s.key_offset = DeviceBuffer(keys * sizeof(int32_t));
-  s.entry_key = DeviceBuffer(entries * sizeof(int32_t));
-  s.entry_rank = DeviceBuffer(entries * sizeof(int32_t));
-  s.pairs = DeviceBuffer(entries * sizeof(int2));
-  s.items = DeviceBuffer(static_cast<size_t>(windows) * s.item_capacity * sizeof(KvWorkItem));
-  s.item_count = DeviceBuffer(static_cast<size_t>(windows) * sizeof(int32_t));
-  s.part_o = DeviceBuffer(static_cast<size_t>(window * part_bytes_per_tile));
-  s.part_lse = DeviceBuffer(static_cast<size_t>(window) * s.list_capacity * group * sizeof(float));
+  const int32_t group = 1 << s.group_shift;
+  const int64_t window = s.window_tiles;
   // part_o of one window as [rows, D]; a box = one warp's rows of one token
   const uint64_t dims[2] = {kHeadDim, static_cast<uint64_t>(window) * s.list_capacity * group};
   const uint64_t strides[1] = {kHeadDim * 2};
@@ -128,57 +99,13 @@ void encode_cache_map(CUtensorMap* map, const AttentionParams& p, const CachePar
   encode_tensor_map(map, f8 ? ScalarType::kF16 : p.dtype, 4, c.data, dims, strides, box, what);
 }
 
-TileSchedule schedule_of(const PrefillState& s) {
-  TileSchedule t;
-  t.tile_cum = ptr<int32_t>(s.tile_cum);
-  t.num_tiles = s.num_tiles;
-  t.num_kv_heads = s.num_kv_heads;
-  t.tile_tokens = s.tile_tokens;
-  return t;
-}
-
-KvLists kv_lists_of(const PrefillState& s) {
-  KvLists L;
-  L.window_tiles = s.window_tiles;
-  L.num_windows = s.num_windows;
-  L.list_capacity = s.list_capacity;
-  L.topk = s.topk;
-  L.blk_cum = ptr<int32_t>(s.blk_cum);
-  L.subwindow_tiles = s.subwindow_tiles;
-  L.block_keys = s.block_keys;
-  L.key_span = s.key_span;
-  L.key_stripes = s.key_stripes;
-  L.key_count = ptr<int32_t>(s.key_count);
-  L.key_offset = ptr<int32_t>(s.key_offset);
-  L.entry_key = ptr<int32_t>(s.entry_key);
-  L.entry_rank = ptr<int32_t>(s.entry_rank);
-  L.pairs = ptr<int2>(s.pairs);
-  L.items = ptr<KvWorkItem>(s.items);
-  L.item_count = ptr<int32_t>(s.item_count);
-  L.item_counter = ptr<int32_t>(s.counters) + 1;
-  L.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
-  L.item_capacity = s.item_capacity;
-  L.part_o = s.part_o.get();
-  L.part_lse = ptr<float>(s.part_lse);
-  return L;
-}
-
 // qp: the query-major launch's params, whose K and V maps the KV-major kernel takes as they are (the same
 // encode_cache_map calls: two driver calls fewer on the host per run).
 void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorParams& qp, bool bf16, bool f8,
                   cudaStream_t stream) {
-  const KvLists lists = kv_lists_of(s);
+  const KvListParams lp = kv_list_params(s, p);
+  const KvLists& lists = lp.lists;
   MSA_CUDA_CHECK(cudaMemsetAsync(lists.key_count, 0, s.key_count.bytes(), stream));
-  KvListParams lp;
-  lp.seqs = p.seqs;
-  lp.sched = schedule_of(s);
-  lp.causal = s.causal;
-  lp.block_idx = p.block_idx;
-  lp.bi_stride_token = p.bi_stride_token;
-  lp.bi_stride_head = p.bi_stride_head;
-  lp.bi_stride_k = p.bi_stride_k;
-  lp.kv_major = ptr<int32_t>(s.kv_major);
-  lp.lists = lists;
   // rank follows the memset (no PDL edge there); scan, fill and the KV-major kernel follow a kernel of
   // this run (PDL); the merge never (launch.h).
   launch_kv_rank(lp, false, stream);
@@ -350,24 +277,7 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   qp.v_scale = p.v_scale;
 
   if (sparse) {
-    TileListParams lp;
-    lp.seqs = p.seqs;
-    lp.sched = qp.sched;
-    lp.causal = s.causal;
-    lp.block_idx = p.block_idx;
-    lp.bi_stride_token = p.bi_stride_token;
-    lp.bi_stride_head = p.bi_stride_head;
-    lp.bi_stride_k = p.bi_stride_k;
-    lp.topk = s.topk;
-    lp.rule = s.rule;
-    lp.entries = ptr<int2>(s.list_entries);
-    lp.count = ptr<int32_t>(s.list_count);
-    lp.kv_major = ptr<int32_t>(s.kv_major);
-    lp.capacity = s.list_capacity;
-    if (s.num_windows > 0) {
-      lp.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
-      lp.window_tiles = s.window_tiles;
-    }
+    TileListParams lp = tile_list_params(s, p);
     if (s.qm_tiles.get() != nullptr) {
       lp.qm_tiles = ptr<int32_t>(s.qm_tiles);
       lp.qm_count = ptr<int32_t>(s.counters) + 1 + 2 * s.num_windows;
