@@ -5,8 +5,10 @@
 // block) and up to 64 of the (token, slot) entries that selected it) and runs their jobs back to back:
 // job = the item's block against one Q tile of 128 / G tokens (128 rows). Per job:
 //   wait for its Q tile (and, at an item's first job, its K/V), take Q into registers (ldmatrix);
-//   issue the next job's Q gather (cp.async, lands while this job computes); 2 KV stages: at the item's
-//   second-to-last job, the next item's K/V;
+//   issue the next job's Q gather (cp.async, each warp its own 16 rows: lands while this job computes);
+//   2 KV stages: at the item's second-to-last job, the next item's K/V. The warps meet at a CTA barrier
+//   once per item (its K/V, records and pairs landed), so within an item they drift apart and their
+//   partial stores, softmax and MMAs overlap;
 //   S = Q K^T (8 warps x 16 rows x 128 keys x 128 dims: 128 mma.sync a warp), mask each row to the keys
 //   its token sees in the block, exact softmax in the exp2 domain (one block a row: no running maximum),
 //   O = P V (128 mma.sync a warp), write the normalized partial o (q's dtype) and its lse (log2 domain).
@@ -204,14 +206,14 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
     __syncthreads();
   };
 
-  // Q rows of job jj of the item in slot `slot` into the Q buffer (rows of absent tokens zero-filled).
+  // This warp's 16 Q rows of job jj of the item in slot `slot` into the Q buffer (rows of absent tokens
+  // zero-filled): a warp reads and refills only its own rows, so no CTA barrier guards the buffer.
   const auto gather_q = [&](int slot, int jj) {
     const ItemRecord& r = rec[slot];
-    constexpr int kPasses = kRows * 16 / kThreads;
 #pragma unroll
-    for (int k = 0; k < kPasses; ++k) {
-      const int idx = tid + k * kThreads;
-      const int row = idx >> 4, c = idx & 15;
+    for (int k = 0; k < 16 * 16 / 32; ++k) {
+      const int idx = lane + 32 * k;
+      const int row = warp * 16 + (idx >> 4), c = idx & 15;
       const int t = row >> gshift, h = row & (G - 1);
       const int jt = jj * TT + t;
       const bool ok = jt < r.count;
@@ -266,7 +268,12 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
     for (int jj = 0; jj < njobs; ++jj) {
       arch::cp_async_wait_dyn(static_cast<int>(kv_ahead) + static_cast<int>(pairs_ahead));
       pairs_ahead = false;
-      __syncthreads();  // (A) this job's Q (and the item's K/V) landed for every thread
+      // An item's first job: its K/V, records and pairs landed for every thread (the only CTA barrier of an
+      // item with two K/V stages). Other jobs: this warp's own Q rows landed for all its lanes.
+      if (jj == 0)
+        __syncthreads();
+      else
+        __syncwarp();
       if constexpr (kF8) {
         if (jj == 0) widen(stage);
       }
@@ -285,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
         const int32_t end = mine[j].x < 0 ? 0 : prefill_sm90::visible_key_end(view, i, p.causal);
         lim[j] = max(0, min(end - blk_key0, valid_keys));
       }
-      __syncthreads();  // (B) the Q buffer is free
+      __syncwarp();  // this warp's reads of its Q rows are done before its lanes refill them
       const bool next = N.item >= 0;
       if (jj + 1 < njobs) gather_q(cur, jj + 1);
       else if (next) gather_q(nxt, 0);
@@ -299,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
         }
       }
       // The item after the next one is claimed into the free slot during the first job, a step between
-      // each phase (its slot's last reads, the previous item's, were before barrier B).
+      // each phase (its slot's last reads, the previous item's, were before this item's first barrier).
       const bool claiming = jj == 0 && warp == 0;
       if (claiming && lane == 0) claim_index();
 
@@ -395,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
                               arch::pack2<T>(o[4 * m + 3][2 * j] * inv, o[4 * m + 3][2 * j + 1] * inv));
         if ((lane & 3) == 0) L.part_lse[prow] = l[j] > 0.f ? base[j] + arch::log2_approx(l[j]) : -INFINITY;
       }
-      if (claiming && lane == 0) claim_record(rec[far]);  // visible to all after the next barrier A
+      if (claiming && lane == 0) claim_record(rec[far]);  // visible to all after the next item's first barrier
       if constexpr (KV_STAGES == 1) {
         if (jj + 1 == njobs && next) {
           __syncthreads();  // every warp's reads of the K/V stage are done
