@@ -179,7 +179,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   const AttentionConfig& c = plan.config();
   if (!knobs::token_decode_kernel("msa.plan_decode")) return false;
   const int tq = std::max(plan.max_qo_len(), 1);
-  if (dev.cc < 90 || tq > kTokenMaxQoLen || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
+  if (tq > kTokenMaxQoLen || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
   if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 1 || c.topk > kTokenMaxTopk) return false;
   if (tq > 1 && 2 * c.group_size() <= kTokenRows) return false;  // the general kernel packs several tokens per tile
   if (static_cast<int64_t>(plan.batch_size()) * std::bit_ceil(static_cast<unsigned>(tq)) > INT32_MAX) return false;  // grid.x
@@ -220,6 +220,9 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   const int64_t items = static_cast<int64_t>(plan.batch_size()) * tq * c.num_kv_heads;
   const int64_t n_max = std::min<int64_t>(c.topk, std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1));
   const SplitOptions& so = plan.split_options();
+  // Below sm_90 code (sm_80 / 86 / 89, or such code on an H200) the kernel has no cluster merge: it serves only
+  // plans that fill the device unsplit; the general kernel with its workspace merge splits the others.
+  if (dev.cc < 90 && (so.fixed_split_blocks > 0 || items < dev.sm_count)) return false;
   int64_t splits = 1;
   if (so.fixed_split_blocks > 0) {
     if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
@@ -258,8 +261,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.push_merge = push_fits && splits > 1;
   st.smem_bytes = st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
   st.spec_qo_len = tq;
-  st.pdl = true;
-  st.prewait_prefetch = true;
+  st.pdl = dev.cc >= 90;  // sm_80 code has no griddepcontrol.wait: its launches must not overlap the previous kernel
+  st.prewait_prefetch = st.pdl;
   st.cluster_merge = splits > 1;
   st.cluster_size = static_cast<int>(splits);
   return true;
