@@ -48,7 +48,8 @@ constexpr Knob kTable[] = {
      "0: the general paged decode kernel (cp.async + mma.sync, sm_80+) serves the decode plans that the "
      "single-token kernel would take on sm_90 (one query token per request, or MTP at G > 8; head dim 128, "
      "G <= 16, top-k <= 32).",
-     "The general kernel is what the A100 and L40S run for those plans: tests check it on the H200, and "
+     "The general kernel is what the L40S and RTX parts run for those plans (the A100 too where they do not fill "
+     "it unsplit): tests check it on the H200, and "
      "benchmarks compare the two kernels in one process."},
     {"MSA_INDEXER_PREFILL",
      {"auto", "portable"},

@@ -171,10 +171,11 @@ int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
 // request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
-// splits merge in a cluster); and MTP plans of up to kTokenMaxQoLen tokens per request when the
+// splits merge in a cluster; below sm_90 code only plans that fill the device unsplit, where its ~104 KB of
+// shared memory fit); and MTP plans of up to kTokenMaxQoLen tokens per request when the
 // general kernel would also take one token per tile (G > 8: 16 rows per token), one CTA (or cluster)
 // per token. Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns it off (core/knobs.h:
-// the general kernel, as the A100 and L40S run these plans).
+// the general kernel).
 bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   const AttentionConfig& c = plan.config();
   if (!knobs::token_decode_kernel("msa.plan_decode")) return false;
