@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 import msa  # noqa: E402
 import msa_testing as mt  # noqa: E402
 from test_gpu_attention import check, plan_for, problem, run_gpu  # noqa: E402
+from test_gpu_attention_fp8 import K_SCALE, V_SCALE, call, fp8_tensors  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -26,7 +27,8 @@ KERNELS = ["token", "general"]
 def kernel(request, monkeypatch):
     """Which kernel serves the plans made in the test (read at plan time)."""
     if request.param == "token" and mt.kernel_capability() < (9, 0):
-        pytest.skip("the single-token kernel serves sm_90 code (this build runs older code here)")
+        pytest.skip("below sm_90 code the single-token kernel serves only plans that fill the device unsplit "
+                    "(test_below_sm90_code)")
     monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "0" if request.param == "general" else "1")
     return request.param
 
@@ -140,3 +142,31 @@ def test_mtp_offsets_splits_and_spare_rows(rng, kernel, split):
     check(plan_for(prob, max_qo_len=4, **split), prob)
     prob = decode_problem(rng, [500, 129, 64], qo_lens=[1, 2, 1])
     check(plan_for(prob, max_qo_len=4, max_kv_len=4096, **split), prob, extra_q_rows=5)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_below_sm90_code(rng, fp8):
+    """Below sm_90 code (no clusters) the single-token kernel takes a plan only when its items fill the device
+    unsplit; with fewer items the general kernel splits them. sm_90 code takes both."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hkv = 4
+    big = -(-sms // hkv)  # requests whose items (x Hkv) fill every SM
+    for batch in (big, 2):
+        prob = decode_problem(rng, [int(x) for x in rng.integers(1, 2500, batch)], group=16, num_kv_heads=hkv,
+                              topk=16, empty_row_prob=0.05)
+        plan = plan_for(prob, max_qo_len=1)
+        d = plan.describe()
+        if mt.kernel_capability() >= (9, 0) or batch == big:
+            assert d["paged"] == "token", d
+        else:
+            assert d["paged"] == "general", d
+        if mt.kernel_capability() < (9, 0) and batch == big:
+            assert d["splits"] == "1" and d["merge"] == "none", d
+        if not fp8:
+            check(plan, prob)
+            continue
+        k8, v8, kd, vd = fp8_tensors(prob, False)
+        out, lse = call(plan, prob, mt.to_torch(prob, "cuda", torch.bfloat16), k8, v8, k_scale=K_SCALE, v_scale=V_SCALE)
+        o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
+        mt.assert_close(out.float().cpu().numpy(), o_ref)
+        mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
