@@ -5,9 +5,10 @@
 // sm_89+ has the instruction (cvt.rn.f16x2.e4m3x2, one per pair: F2FP.F16.E4M3.UNPACK_B). Elsewhere the
 // bits are moved under fp16's (two instructions per pair), which reads value * 2^-8 (the exponent biases
 // differ by 8, subnormals included), and the NaN encoding, which would read as 480 * 2^-8, is made an fp16
-// NaN (three more per word): e4m3x4_to_f16x4_raw returns that, and e4m3_f16_unscale() is the factor a caller
-// folds into a later scale. bf16 has no such
-// instruction: a bf16 pair goes through fp32 (two HADD2.F32 and one F2FP.BF16.F32.PACK_AB on sm_90).
+// NaN (two more per word: an fp16 compare and a LOP3; an integer compare of the halves took six):
+// e4m3x4_to_f16x4_raw returns that, and e4m3_f16_unscale() is the factor a caller folds into a later scale.
+// bf16 has no such instruction: a bf16 pair goes through fp32 (two HADD2.F32 and one F2FP.BF16.F32.PACK_AB
+// on sm_90).
 //
 // The other direction (fp32 -> e4m3, round to nearest even, saturating to +-448) quantizes operands of
 // the fp8 MMAs: f32x4_to_e4m3x4 is two cvt.rn.satfinite.e4m3x2.f32 (sm_89+; F2FP.SATFINITE.E4M3.F32.PACK_AB).
@@ -45,9 +46,11 @@ __device__ __forceinline__ uint2 e4m3x4_to_f16x4_raw(uint32_t w) {
   const uint32_t hi = __byte_perm(w, 0u, 0x3424);  // bytes 2,3
   r.x = ((lo >> 1) & 0x3F803F80u) | (lo & 0x80008000u);
   r.y = ((hi >> 1) & 0x3F803F80u) | (hi & 0x80008000u);
-  // The NaN encoding (low 7 bits 0x7F) lands on 0x3F80 (480 * 2^-8): its exponent set to all ones, an fp16 NaN.
-  r.x |= __vcmpeq2(r.x & 0x7FFF7FFFu, 0x3F803F80u) & 0x7C007C00u;
-  r.y |= __vcmpeq2(r.y & 0x7FFF7FFFu, 0x3F803F80u) & 0x7C007C00u;
+  // The NaN encoding (low 7 bits 0x7F) lands on 0x3F80 (480 * 2^-8), above every finite value (448 -> 0x3F00):
+  // one fp16 compare of |x| finds it (HSET2), one LOP3 sets its exponent to all ones, an fp16 NaN.
+  const __half2 nan_above = __half2(__ushort_as_half(0x3F40), __ushort_as_half(0x3F40));  // 1.8125
+  r.x |= __hgt2_mask(__habs2(*reinterpret_cast<const __half2*>(&r.x)), nan_above) & 0x7C007C00u;
+  r.y |= __hgt2_mask(__habs2(*reinterpret_cast<const __half2*>(&r.y)), nan_above) & 0x7C007C00u;
 #endif
   return r;
 }
