@@ -207,21 +207,22 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
   };
 
   // This warp's 16 Q rows of job jj of the item in slot `slot` into the Q buffer (rows of absent tokens
-  // zero-filled): a warp reads and refills only its own rows, so no CTA barrier guards the buffer.
+  // zero-filled): a warp reads and refills only its own rows, so no CTA barrier guards the buffer. A lane pair
+  // owns a row, lane b its chunks 2k + b: the row's address is formed once, and each cp.async of the pair reads
+  // 32 contiguous bytes (one sector); the pair's chunk c lands at c ^ (row & 7), so an instruction's 32 lanes
+  // still spread evenly over the 8 bank groups.
   const auto gather_q = [&](int slot, int jj) {
     const ItemRecord& r = rec[slot];
+    const int row = warp * 16 + (lane >> 1), t = row >> gshift, h = row & (G - 1);
+    const int jt = jj * TT + t;
+    const bool ok = jt < r.count;
+    const int32_t qrow = ok ? rec_pairs[slot * kItemTokens + jt].x : 0;
+    const T* src = qg + qrow * p.q_stride_token + static_cast<int64_t>(r.kv_head * G + h) * p.q_stride_head + (lane & 1) * 8;
+    const uint32_t dst = q_buf + row * kRowBytes;
+    const int x = (lane & 1) ^ (row & 7);
 #pragma unroll
-    for (int k = 0; k < 16 * 16 / 32; ++k) {
-      const int idx = lane + 32 * k;
-      const int row = warp * 16 + (idx >> 4), c = idx & 15;
-      const int t = row >> gshift, h = row & (G - 1);
-      const int jt = jj * TT + t;
-      const bool ok = jt < r.count;
-      const int32_t qrow = ok ? rec_pairs[slot * kItemTokens + jt].x : 0;
-      const T* src = ok ? qg + qrow * p.q_stride_token + static_cast<int64_t>(r.kv_head * G + h) * p.q_stride_head + c * 8
-                        : qg;
-      arch::cp_async_16(q_buf + row * kRowBytes + ((c ^ (row & 7)) << 4), src, ok ? 16 : 0);
-    }
+    for (int k = 0; k < kHeadDim / 16; ++k)
+      arch::cp_async_16(dst + (((2 * k) ^ x) << 4), ok ? src + 16 * k : qg, ok ? 16 : 0);
   };
 
   // ldmatrix lane offsets (as the paged kernel's): every row a lane points at has (row & 7) == (lane & 7).
@@ -327,15 +328,25 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
       }
       if (claiming && lane == 0) claim_item();
       // ---- mask, exact softmax (exp2 domain) ----
+      // The maximum is taken over the unscaled logits (scale_log2 > 0) and the scale folded into the exp2's FFMA.
+      // Most jobs see their whole block (not the causal diagonal, not past kv_len): the warp then skips the mask.
       const float sl2 = p.scale_log2;
       float mx[2] = {-INFINITY, -INFINITY};
+      if (__all_sync(~0u, lim[0] >= kBlockKeys && lim[1] >= kBlockKeys)) {
 #pragma unroll
-      for (int n = 0; n < kBlockKeys / 8; ++n) {
+        for (int n = 0; n < kBlockKeys / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kl = n * 8 + (lane & 3) * 2 + (e & 1);
-          s[n][e] = kl < lim[e >> 1] ? s[n][e] * sl2 : -INFINITY;
-          mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < kBlockKeys / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kl = n * 8 + (lane & 3) * 2 + (e & 1);
+            s[n][e] = kl < lim[e >> 1] ? s[n][e] : -INFINITY;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+          }
         }
       }
       float l[2] = {0.f, 0.f}, base[2];
@@ -343,13 +354,13 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
       for (int j = 0; j < 2; ++j) {
         mx[j] = fmaxf(mx[j], __shfl_xor_sync(~0u, mx[j], 1));
         mx[j] = fmaxf(mx[j], __shfl_xor_sync(~0u, mx[j], 2));
-        base[j] = mx[j] == -INFINITY ? 0.f : mx[j];  // a row that sees nothing: exp2(-inf - 0) = 0
+        base[j] = mx[j] == -INFINITY ? 0.f : mx[j] * sl2;  // a row that sees nothing: exp2(-inf - 0) = 0
       }
 #pragma unroll
       for (int n = 0; n < kBlockKeys / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] = arch::exp2_approx(s[n][e] - base[e >> 1]);
+          s[n][e] = arch::exp2_approx(fmaf(s[n][e], sl2, -base[e >> 1]));
           l[e >> 1] += s[n][e];
         }
       }
