@@ -19,7 +19,7 @@ constexpr Knob kTable[] = {
     {"MSA_SM90_PREFILL",
      {"auto", "qmajor", "kvmajor"},
      "How the Hopper prefill decomposes sparse tiles: auto picks per tile on the device (KV-major where the "
-     "tile's block union is wide, kKvMajorUnionRatio), qmajor takes every tile query-major, kvmajor every tile "
+     "tile's block union is wide, kKvMajorUnionRatioX4), qmajor takes every tile query-major, kvmajor every tile "
      "KV-major (G >= 8; smaller groups stay query-major).",
      "Benchmarks time each decomposition (bench/prefill.py msa-qmajor / msa-kvmajor, bench/run_host.py); tests "
      "run their cases under each, since auto sends a small problem almost wholly one way."},

@@ -209,15 +209,19 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
   // This warp's 16 Q rows of job jj of the item in slot `slot` into the Q buffer (rows of absent tokens
   // zero-filled): a warp reads and refills only its own rows, so no CTA barrier guards the buffer. A lane pair
   // owns a row, lane b its chunks 2k + b: the row's address is formed once, and each cp.async of the pair reads
-  // 32 contiguous bytes (one sector); the pair's chunk c lands at c ^ (row & 7), so an instruction's 32 lanes
-  // still spread evenly over the 8 bank groups.
+  // 32 contiguous bytes (one sector). Chunk c lands at c ^ (row & 7); the 4 pairs of a quarter warp (one
+  // shared-memory wavefront of 16-byte stores) take rows whose (row >> 1) & 3 differ, so their 8 chunks hit
+  // 8 bank groups (consecutive rows would hit 4, twice each).
   const auto gather_q = [&](int slot, int jj) {
     const ItemRecord& r = rec[slot];
-    const int row = warp * 16 + (lane >> 1), t = row >> gshift, h = row & (G - 1);
+    const int pair = lane >> 1;
+    const int row = warp * 16 + (((pair & 3) << 1) | ((pair >> 2) & 1) | (pair & 8));
+    const int t = row >> gshift, h = row & (G - 1);
     const int jt = jj * TT + t;
     const bool ok = jt < r.count;
     const int32_t qrow = ok ? rec_pairs[slot * kItemTokens + jt].x : 0;
-    const T* src = qg + qrow * p.q_stride_token + static_cast<int64_t>(r.kv_head * G + h) * p.q_stride_head + (lane & 1) * 8;
+    const T* src =
+        qg + qrow * p.q_stride_token + static_cast<int64_t>(r.kv_head * G + h) * p.q_stride_head + (lane & 1) * 8;
     const uint32_t dst = q_buf + row * kRowBytes;
     const int x = (lane & 1) ^ (row & 7);
 #pragma unroll

@@ -92,6 +92,7 @@ std::shared_ptr<PortableState> make_portable_state(const Plan& plan, const CudaP
   s->causal = c.causal;
   s->rule = knobs::portable_prefill("msa.plan_prefill") == knobs::PortablePrefill::kKvMajor ? KvMajorRule::kAlways
                                                                                             : KvMajorRule::kWideUnion;
+  s->union_ratio_x4 = kKvMajorUnionRatioX4;
   int64_t tiles = 0, blocks = 0;
   for (int b = 0; b < plan.batch_size(); ++b) {
     tiles += (static_cast<int64_t>(plan.qo_lens()[b]) + tile_tokens - 1) / tile_tokens * c.num_kv_heads;

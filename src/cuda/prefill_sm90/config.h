@@ -73,11 +73,11 @@ inline constexpr int kMaxSparseTileTokens = 32;
 inline constexpr int kMaxTopk = 64;
 
 // KV-major path. A tile goes KV-major when query-major would run more than this many block-steps
-// per useful one (union of the tile's blocks / mean selections per token). Measured on the H200
-// (M3-TP1 P-32K, docs/prefill.md): query-major runs ~500-530 TFLOP/s of block-steps, KV-major
+// per useful one (union of the tile's blocks / mean selections per token), in quarters. Measured on the
+// H200 (M3-TP1 P-32K, docs/prefill.md): query-major runs ~500-530 TFLOP/s of block-steps, KV-major
 // ~190-200 TFLOP/s of useful work whatever the pattern, so KV-major wins past a ratio of ~2.6:
 // `random` (~4.6) goes KV-major (10.7 vs 18.5 ms), `clustered` (~1.6) stays query-major (6.7 vs 10.6 ms).
-inline constexpr int kKvMajorUnionRatio = 2;
+inline constexpr int kKvMajorUnionRatioX4 = 8;
 // KV-major takes G >= 8, so that one token's TMA box of G heads is a whole number of 8-row
 // 128B-swizzle atoms inside the Q tile.
 inline constexpr int kKvMinGroup = 8;

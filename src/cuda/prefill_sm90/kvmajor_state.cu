@@ -99,6 +99,7 @@ TileListParams tile_list_params(const KvListState& s, const AttentionParams& p) 
   tl.bi_stride_k = p.bi_stride_k;
   tl.topk = s.topk;
   tl.rule = s.rule;
+  tl.union_ratio_x4 = s.union_ratio_x4;
   tl.entries = ptr<int2>(s.list_entries);
   tl.count = ptr<int32_t>(s.list_count);
   tl.kv_major = ptr<int32_t>(s.kv_major);

@@ -21,6 +21,7 @@ struct KvListState {
   bool causal = true;
   int32_t num_tiles = 0;     // canonical tiles of the plan's lengths
   KvMajorRule rule = KvMajorRule::kNever;
+  int32_t union_ratio_x4 = kKvMajorUnionRatioX4;  // the family's kWideUnion threshold (config.h), in quarters
 
   DeviceBuffer tile_cum;  // [B + 1]
   DeviceBuffer blk_cum;   // [B + 1]

@@ -62,7 +62,8 @@ __global__ void __launch_bounds__(kScheduleThreads) tile_schedule_kernel(SeqPara
 __device__ __forceinline__ void finish_tile(const TileListParams& p, int32_t tile, int32_t reps, int32_t selections) {
   p.count[tile] = reps;
   // reps block-steps of query-major against selections / tile_tokens useful ones.
-  const bool wide = static_cast<int64_t>(reps) * p.sched.tile_tokens > kKvMajorUnionRatio * selections;
+  const bool wide =
+      4 * static_cast<int64_t>(reps) * p.sched.tile_tokens > static_cast<int64_t>(p.union_ratio_x4) * selections;
   const bool kv = p.rule == KvMajorRule::kAlways || (p.rule == KvMajorRule::kWideUnion && wide);
   p.kv_major[tile] = kv;
   if (kv && p.window_kv_tiles != nullptr) atomicAdd(p.window_kv_tiles + tile / p.window_tiles, 1);

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/params.h"
+#include "cuda/prefill_sm90/config.h"
 #include "cuda/prefill_sm90/params.h"
 
 namespace msa::detail::cuda::prefill_sm90 {
@@ -19,8 +20,8 @@ void launch_tile_schedule(const SeqParams& seqs, int32_t tile_tokens, int32_t nu
                           int32_t* blk_cum, int32_t* counters, int32_t num_counters, cudaStream_t stream);
 
 // Which tiles go KV-major: never, always, or when the union of a tile's blocks exceeds
-// kKvMajorUnionRatio times its tokens' mean selection count (query-major would compute more
-// than kKvMajorUnionRatio block-steps per useful one).
+// TileListParams::union_ratio_x4 / 4 times its tokens' mean selection count (query-major would compute
+// more block-steps per useful one than that; each family's config.h: kKvMajorUnionRatioX4).
 enum class KvMajorRule : int32_t { kNever = 0, kAlways = 1, kWideUnion = 2 };
 
 struct TileListParams {
@@ -31,6 +32,7 @@ struct TileListParams {
   int64_t bi_stride_token = 0, bi_stride_head = 0, bi_stride_k = 0;
   int32_t topk = 0;
   KvMajorRule rule = KvMajorRule::kNever;
+  int32_t union_ratio_x4 = kKvMajorUnionRatioX4;  // kWideUnion's threshold, in quarters
   int2* entries = nullptr;    // [sched.num_tiles, capacity]
   int32_t* count = nullptr;   // [sched.num_tiles]
   int32_t* kv_major = nullptr;  // [sched.num_tiles]
