@@ -22,6 +22,10 @@ blocks, each counted once per request and KV head, only their keys below kv_len,
 against the device-to-device copy ceiling measured in the same run. max_err: largest abs difference of
 a few output rows against a float64 computation of the same rows.
 
+Each row is timed on a rested board (at least --cooldown seconds idle, then until nvidia-smi shows no power cap
+and a low averaged draw, as bench/prefill.py does: bench/gpu_monitor.py) and records the SM clock seen while it
+was timed (sm_mhz, sm_mhz_min, power_capped).
+
 On a build without sm_90a code (MSA_CUDA_ARCH=80-virtual: what an A100, L40S or RTX part runs, measured on the
 H200 through PTX) the rows are named msa-portable, carry that path's bars (D-B32 / B64 / B128 >= 0.85 of copy,
 bf16 and fp8, M3-TP1), and a run of record is decode-portable.
@@ -40,6 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (add_output_options, ceilings, check_record, environment, main_guard,  # noqa: E402
                     msa_impl_name, parse_variants, row, time_graph, write_results)
+from gpu_monitor import GpuMonitor  # noqa: E402
 
 import msa  # noqa: E402
 
@@ -255,7 +260,10 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
                                        head_dim=D, page_size=P, topk=TOPK if w.sparse else 0, device=DEV,
                                        max_splits=max_splits)
             rotated = [(lambda x=x: x.call(plan, flat)) for x in inputs]
-            us = time_graph(None, iters=args.iters, rotate=rotated, back_to_back=True)
+            torch.cuda.synchronize()
+            rest_s = args.monitor.rest(args.cooldown, max(args.cooldown, args.cooldown_max))
+            with args.monitor.window() as win:
+                us = time_graph(None, iters=args.iters, rotate=rotated, back_to_back=True)
             isolated = time_graph(None, iters=args.iters, rotate=rotated)
             torch.cuda.synchronize()
             err = check_rows(x0, w, hq, hkv, gen_np)
@@ -271,11 +279,12 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
                 meets = ratio >= float(limit) if kind == "ratio" else us <= float(limit)
             r = row(w.name, shape, pattern, impl, us, gbps=gbps, ceil=ceil, max_err=round(err, 5),
                     bar=w.bar if default_splits else None, meets_bar=meets, rotations=rot, distinct_inputs=distinct,
-                    isolated_us=round(isolated, 3),
+                    isolated_us=round(isolated, 3), rest_s=round(rest_s, 1), **win.fields(),
                     mib_per_call=round((kv_bytes + qo_bytes) / 2**20, 1), plan=plan.describe())
             rows.append(r)
+            clk = f"  {r['sm_mhz']} MHz (capped {r['power_capped']})" if "sm_mhz" in r else ""
             print(f"{w.name:8s} {shape} {pattern:6s} {impl:14s} {us:8.2f} us (isolated {isolated:.2f}) {gbps:7.0f} GB/s ratio {ratio:.3f} "
-                  f"err {err:.2e}" + ("" if meets is None else f"  bar {w.bar}: {'met' if meets else 'MISSED'}"),
+                  f"err {err:.2e}" + ("" if meets is None else f"  bar {w.bar}: {'met' if meets else 'MISSED'}") + clk,
                   flush=True)
             if args.floor and w.batch == 1 and w.sparse and max_splits == 0:
                 floor_rows(w, shape, impl, plan, inputs, ceil, rows)
@@ -307,11 +316,15 @@ def main():
                          "TLBs - a diagnostic; the graph keeps its number of calls)")
     ap.add_argument("--floor", action="store_true",
                     help="at B=1 also time the call with no query token and with no selected block (fixed costs)")
+    ap.add_argument("--cooldown", type=float, default=0.5, help="least seconds idle before each row")
+    ap.add_argument("--cooldown-max", type=float, default=10.0,
+                    help="most seconds to wait for the board to rest before each row (0: only --cooldown)")
     add_output_options(ap)
     args = ap.parse_args()
     check_record(ap, args)
     main_guard()
     args.iters = args.iters or (20 if args.quick else 50)
+    args.monitor = GpuMonitor()
     args.variants = parse_variants(args.variants)
     shapes = args.shape or (["M3-TP1"] if args.quick else ["M3-TP1", "M3-TP4"])
     ceil = ceilings()
