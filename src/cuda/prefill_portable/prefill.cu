@@ -121,6 +121,7 @@ bool can_run(const PortableState& s, const AttentionParams& p) {
   if (f8 ? !s.f8_ready : p.kv_dtype != p.dtype) return false;
   if (p.head_dim != kHeadDim || p.head_dim_v != kHeadDim || p.block_idx == nullptr) return false;
   if (p.seqs.total_q >= (int64_t(1) << 30)) return false;  // {q row, entry} pairs are 32-bit
+  if (!(p.sm_scale > 0.f) || !std::isfinite(p.sm_scale)) return false;  // the max is taken on unscaled logits
   // cp.async moves 16-byte chunks: q rows, K/V rows and their bases 16-byte aligned; the merge writes o in
   // 16-byte octets.
   if (!aligned16(p.q) || p.q_stride_token % 8 != 0 || p.q_stride_head % 8 != 0) return false;

@@ -20,6 +20,7 @@ A small case for compute-sanitizer (memcheck / racecheck / synccheck), outside p
 """
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -107,6 +108,15 @@ RAGGED = dict(qo_lens=[260, 131, 7, 0], kv_lens=[1300, 131, 900, 500])
 @pytest.mark.parametrize("pattern", ["random", "clustered", "shared"])
 def test_sparse_patterns(rng, monkeypatch, pattern, mode):
     prob = problem(rng, **RAGGED, pattern=pattern, neg_slot_prob=0.3)
+    check(plan_for(prob, monkeypatch, mode), prob)
+
+
+@pytest.mark.parametrize("mode", ["auto", "kvmajor"])
+def test_negative_scale(rng, monkeypatch, mode):
+    """A negative sm_scale (finite, allowed): the KV-major kernel takes its row maximum on unscaled logits, so such
+    a call runs on the paged kernel alone."""
+    prob = problem(rng, **RAGGED, pattern="random", neg_slot_prob=0.2)
+    prob = replace(prob, sm_scale=-prob.sm_scale)
     check(plan_for(prob, monkeypatch, mode), prob)
 
 
