@@ -170,20 +170,7 @@ void run_prefill(const PortableState& s, const decode::State& paged, const Plan&
   kp.causal = s.causal;
   kp.scale_log2 = p.sm_scale * kLog2e;
 
-  prefill_sm90::KvMergeParams mp;
-  mp.seqs = p.seqs;
-  mp.sched = tl.sched;
-  mp.kv_major = tl.kv_major;
-  mp.lists = lists;
-  mp.group_shift = s.group_shift;
-  mp.dtype = p.dtype;
-  mp.o = p.o;
-  mp.o_stride_token = p.o_stride_token;
-  mp.o_stride_head = p.o_stride_head;
-  mp.lse = p.lse;
-  mp.lse_stride_token = p.lse_stride_token;
-  mp.lse_stride_head = p.lse_stride_head;
-  mp.v_scale = p.v_scale;  // the partials are unscaled: v_scale enters once, in the merge
+  prefill_sm90::KvMergeParams mp = prefill_sm90::kv_merge_params(s, p);
   mp.quad_major_partials = true;  // kernel.cuh stores a partial row as its quads hold it
   const int grid = s.sm_count;
   for (int32_t w = 0; w < s.num_windows; ++w) {

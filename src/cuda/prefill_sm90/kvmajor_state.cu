@@ -125,4 +125,22 @@ KvListParams kv_list_params(const KvListState& s, const AttentionParams& p) {
   return lp;
 }
 
+KvMergeParams kv_merge_params(const KvListState& s, const AttentionParams& p) {
+  KvMergeParams mp;
+  mp.seqs = p.seqs;
+  mp.sched = schedule_of(s);
+  mp.kv_major = ptr<int32_t>(s.kv_major);
+  mp.lists = kv_lists_of(s);
+  mp.group_shift = s.group_shift;
+  mp.dtype = p.dtype;
+  mp.o = p.o;
+  mp.o_stride_token = p.o_stride_token;
+  mp.o_stride_head = p.o_stride_head;
+  mp.lse = p.lse;
+  mp.lse_stride_token = p.lse_stride_token;
+  mp.lse_stride_head = p.lse_stride_head;
+  mp.v_scale = p.v_scale;  // the partials are unscaled: v_scale enters once, in the merge
+  return mp;
+}
+
 }  // namespace msa::detail::cuda::prefill_sm90

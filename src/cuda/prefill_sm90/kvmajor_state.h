@@ -49,5 +49,7 @@ KvLists kv_lists_of(const KvListState& s);
 TileListParams tile_list_params(const KvListState& s, const AttentionParams& p);
 // The KV-major list passes' parameters for a run.
 KvListParams kv_list_params(const KvListState& s, const AttentionParams& p);
+// The LSE merge's parameters for a run (natural partial rows; the caller sets the window and the row order).
+KvMergeParams kv_merge_params(const KvListState& s, const AttentionParams& p);
 
 }  // namespace msa::detail::cuda::prefill_sm90

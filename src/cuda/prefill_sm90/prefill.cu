@@ -127,20 +127,7 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorP
   kp.scale_log2 = p.sm_scale * kLog2e;
   kp.tail_items = kKvTailItemsPerSm * s.sm_count;
 
-  KvMergeParams mp;
-  mp.seqs = p.seqs;
-  mp.sched = lp.sched;
-  mp.kv_major = lp.kv_major;
-  mp.lists = lists;
-  mp.group_shift = s.group_shift;
-  mp.dtype = p.dtype;
-  mp.o = p.o;
-  mp.o_stride_token = p.o_stride_token;
-  mp.o_stride_head = p.o_stride_head;
-  mp.lse = p.lse;
-  mp.lse_stride_token = p.lse_stride_token;
-  mp.lse_stride_head = p.lse_stride_head;
-  mp.v_scale = p.v_scale;  // the partials are unscaled: v_scale enters once, in the merge
+  KvMergeParams mp = kv_merge_params(s, p);
   for (int32_t w = 0; w < s.num_windows; ++w) {
     kp.window = w;
     mp.window = w;
