@@ -171,8 +171,8 @@ int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
 // request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
-// splits merge in a cluster; below sm_90 code only plans that fill the device unsplit, where its ~104 KB of
-// shared memory fit); and MTP plans of up to kTokenMaxQoLen tokens per request when the
+// splits merge in a cluster; below sm_90 code only plans it runs unsplit, where its ~104 KB of shared
+// memory fit); and MTP plans of up to kTokenMaxQoLen tokens per request when the
 // general kernel would also take one token per tile (G > 8: 16 rows per token), one CTA (or cluster)
 // per token. Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns it off (core/knobs.h:
 // the general kernel).
@@ -222,8 +222,9 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   const int64_t n_max = std::min<int64_t>(c.topk, std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1));
   const SplitOptions& so = plan.split_options();
   // Below sm_90 code (sm_80 / 86 / 89, or such code on an H200) the kernel has no cluster merge: it serves only
-  // plans that fill the device unsplit; the general kernel with its workspace merge splits the others.
-  if (dev.cc < 90 && (so.fixed_split_blocks > 0 || items < dev.sm_count)) return false;
+  // plans it runs unsplit (at least half as many items as SMs: M3-TP1 D-B32 and up); the general kernel with its
+  // workspace merge splits the others.
+  if (dev.cc < 90 && so.fixed_split_blocks > 0) return false;
   int64_t splits = 1;
   if (so.fixed_split_blocks > 0) {
     if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
@@ -236,6 +237,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
     splits = items >= slots ? 1 : std::min(slots / items, n_max);
     if (so.max_splits > 0) splits = std::min<int64_t>(splits, so.max_splits);
     splits = std::clamp<int64_t>(splits, 1, kTokenMaxSplits);
+    if (dev.cc < 90 && splits > 1) return false;
     const auto most_that_fit = [&](bool with_push) {
       for (const int64_t n : {splits, int64_t{16}, int64_t{8}, int64_t{4}, int64_t{2}})
         if (n > 1 && n <= splits && clusters_fit(n, with_push) >= items) return n;
