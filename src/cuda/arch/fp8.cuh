@@ -3,10 +3,11 @@
 // 16-bit MMAs, as accurate as a 16-bit cache against float64 over the dequantized values.
 //
 // sm_89+ has the instruction (cvt.rn.f16x2.e4m3x2, one per pair: F2FP.F16.E4M3.UNPACK_B). Elsewhere the
-// bits are moved under fp16's (two instructions per pair), which reads value * 2^-8 (the exponent biases
-// differ by 8, subnormals included), and the NaN encoding, which would read as 480 * 2^-8, is made an fp16
-// NaN (two more per word: an fp16 compare and a LOP3; an integer compare of the halves took six):
-// e4m3x4_to_f16x4_raw returns that, and e4m3_f16_unscale() is the factor a caller folds into a later scale.
+// bits are moved under fp16's (a PRMT, a shift and two LOP3 per pair), which reads value * 2^-8 (the exponent
+// biases differ by 8, subnormals included), and the NaN encoding, which would read as 480 * 2^-8, is made an
+// fp16 NaN (two more per word: an fp16 compare and a LOP3; an integer compare of the halves took six; a caller
+// of many words may test their maximum instead, below): e4m3x4_to_f16x4_raw returns that, and
+// e4m3_f16_unscale() is the factor a caller folds into a later scale.
 // bf16 has no such instruction: a bf16 pair goes through fp32 (two HADD2.F32 and one F2FP.BF16.F32.PACK_AB
 // on sm_90).
 //
@@ -33,24 +34,63 @@ __device__ __forceinline__ float e4m3_f16_unscale() {
 #endif
 }
 
+// Below sm_89 code: two e4m3 bytes in bits 8-15 and 24-31 of p (the other bits are ignored) moved under fp16's
+// (a shift and two LOP3), without the NaN step: the NaN encoding (low 7 bits 0x7F) reads 0x3F80 (480 * 2^-8),
+// above every finite value (448 -> 0x3F00).
+__device__ __forceinline__ uint32_t e4m3x2_high_bytes_to_f16x2_unchecked(uint32_t p) {
+  return ((p >> 1) & 0x3F803F80u) | (p & 0x80008000u);
+}
+
+// The NaN step of an f16x2 word of the unchecked conversion (below sm_89 code): one fp16 compare of |x| above
+// 1.8125 finds the NaN encoding (HSET2), one LOP3 sets its exponent to all ones, an fp16 NaN.
+__device__ __forceinline__ uint32_t e4m3_raw_nan_fix(uint32_t h) {
+  const __half2 nan_above = __half2(__ushort_as_half(0x3F40), __ushort_as_half(0x3F40));  // 1.8125
+  return h | (__hgt2_mask(__habs2(*reinterpret_cast<const __half2*>(&h)), nan_above) & 0x7C007C00u);
+}
+
+// A caller that widens many words below sm_89 code may skip the per-word NaN step: it keeps the largest magnitude
+// of its words (e4m3_raw_abs_max: one HMNMX2 per word, against two instructions) and applies e4m3_raw_nan_fix to
+// them only when e4m3_raw_has_nan(that maximum), i.e. when one of them holds the NaN encoding. On sm_89+ the
+// conversion instruction makes NaN itself: no maximum is kept and the test is false.
+__device__ __forceinline__ uint32_t e4m3_raw_abs_max(uint32_t acc, uint32_t h) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  (void)h;
+  return acc;
+#else
+  const __half2 m = __hmax2(*reinterpret_cast<const __half2*>(&acc), __habs2(*reinterpret_cast<const __half2*>(&h)));
+  return *reinterpret_cast<const uint32_t*>(&m);
+#endif
+}
+__device__ __forceinline__ bool e4m3_raw_has_nan(uint32_t acc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  (void)acc;
+  return false;
+#else
+  return (acc & 0x7FFFu) > 0x3F40u || (acc >> 16) > 0x3F40u;  // non-negative halves order as their bits
+#endif
+}
+
 // Four e4m3 bytes (lowest first) -> two f16x2 words, {bytes 0,1} and {bytes 2,3}, each value the e4m3
-// value divided by e4m3_f16_unscale().
-__device__ __forceinline__ uint2 e4m3x4_to_f16x4_raw(uint32_t w) {
+// value divided by e4m3_f16_unscale(); below sm_89 code without the NaN step (see e4m3_raw_abs_max).
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4_unchecked(uint32_t w) {
   uint2 r;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n cvt.rn.f16x2.e4m3x2 %1, hi;\n}"
       : "=r"(r.x), "=r"(r.y)
       : "r"(w));
 #else
-  const uint32_t lo = __byte_perm(w, 0u, 0x1404);  // bytes 0,1 into the high byte of each half
-  const uint32_t hi = __byte_perm(w, 0u, 0x3424);  // bytes 2,3
-  r.x = ((lo >> 1) & 0x3F803F80u) | (lo & 0x80008000u);
-  r.y = ((hi >> 1) & 0x3F803F80u) | (hi & 0x80008000u);
-  // The NaN encoding (low 7 bits 0x7F) lands on 0x3F80 (480 * 2^-8), above every finite value (448 -> 0x3F00):
-  // one fp16 compare of |x| finds it (HSET2), one LOP3 sets its exponent to all ones, an fp16 NaN.
-  const __half2 nan_above = __half2(__ushort_as_half(0x3F40), __ushort_as_half(0x3F40));  // 1.8125
-  r.x |= __hgt2_mask(__habs2(*reinterpret_cast<const __half2*>(&r.x)), nan_above) & 0x7C007C00u;
-  r.y |= __hgt2_mask(__habs2(*reinterpret_cast<const __half2*>(&r.y)), nan_above) & 0x7C007C00u;
+  r.x = e4m3x2_high_bytes_to_f16x2_unchecked(__byte_perm(w, 0u, 0x1404));  // bytes 0,1 into the high byte of each half
+  r.y = e4m3x2_high_bytes_to_f16x2_unchecked(__byte_perm(w, 0u, 0x3424));  // bytes 2,3
+#endif
+  return r;
+}
+
+// The same with the NaN encoding made an fp16 NaN in every word.
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4_raw(uint32_t w) {
+  uint2 r = e4m3x4_to_f16x4_unchecked(w);
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890)
+  r.x = e4m3_raw_nan_fix(r.x);
+  r.y = e4m3_raw_nan_fix(r.y);
 #endif
   return r;
 }

@@ -125,7 +125,7 @@ __device__ __forceinline__ void q_fragments_dim_permuted(uint32_t s_q, int lane,
   }
 }
 
-// One key row's fp8 bytes for k_fragment_fp8: the row at `row` (128 bytes, chunks swizzled by r7 = row % 8),
+// One key row's fp8 bytes for k_fragment_fp8_unchecked: the row at `row` (128 bytes, chunks swizzled by r7 = row % 8),
 // dims [32t, 32t + 32) as two 16-byte loads.
 struct KRowFp8 {
   uint4 c[2];
@@ -133,11 +133,12 @@ struct KRowFp8 {
 __device__ __forceinline__ KRowFp8 load_k_row_fp8(uint32_t row, int t, int r7) {
   return {{arch::ld_shared_v4(row + (((2 * t) ^ r7) << 4)), arch::ld_shared_v4(row + (((2 * t + 1) ^ r7) << 4))}};
 }
-// k-step kk's B fragment (b0, b1) of such a row, in fp16 (each value the e4m3 value / arch::e4m3_f16_unscale()).
-__device__ __forceinline__ uint2 k_fragment_fp8(const KRowFp8& k, int kk) {
+// k-step kk's B fragment (b0, b1) of such a row, in fp16 (each value the e4m3 value / arch::e4m3_f16_unscale()),
+// without the NaN step below sm_89 code (arch::e4m3_raw_abs_max: the caller checks a tile's words at once).
+__device__ __forceinline__ uint2 k_fragment_fp8_unchecked(const KRowFp8& k, int kk) {
   const uint4& c = k.c[kk >> 2];
   const int w = kk & 3;
-  return arch::e4m3x4_to_f16x4_raw(w == 0 ? c.x : w == 1 ? c.y : w == 2 ? c.z : c.w);
+  return arch::e4m3x4_to_f16x4_unchecked(w == 0 ? c.x : w == 1 ? c.y : w == 2 ? c.z : c.w);
 }
 
 }  // namespace msa::detail::cuda::decode

@@ -86,14 +86,26 @@ struct Fp8TileCopy {
 };
 
 // V's B fragments of n-tiles 4u .. 4u + 3 from word u of the two row pairs' chunks (rows a0, a1 -> b0; rows
-// c0, c1 -> b1): bytes i of two rows joined (PRMT), then widened (values / e4m3_f16_unscale()).
-__device__ __forceinline__ void v_fragments_fp8(uint32_t a0, uint32_t a1, uint32_t c0, uint32_t c1, uint2 (&b0)[2],
-                                                uint2 (&b1)[2]) {
-  const uint2 lo0 = arch::e4m3x4_to_f16x4_raw(__byte_perm(a0, a1, 0x5140));  // n-tiles 4u, 4u + 1
-  const uint2 hi0 = arch::e4m3x4_to_f16x4_raw(__byte_perm(a0, a1, 0x7362));  // 4u + 2, 4u + 3
-  const uint2 lo1 = arch::e4m3x4_to_f16x4_raw(__byte_perm(c0, c1, 0x5140));
-  const uint2 hi1 = arch::e4m3x4_to_f16x4_raw(__byte_perm(c0, c1, 0x7362));
-  b0[0] = lo0, b0[1] = hi0, b1[0] = lo1, b1[1] = hi1;
+// c0, c1 -> b1): f16x2 word (byte i of row a0, byte i of row a1) is n-tile 4u + i's, widened (values /
+// e4m3_f16_unscale()) without the NaN step below sm_89 code (the caller checks the tile's words at once). sm_89+:
+// the bytes of two rows joined (PRMT), one instruction per pair; below, one PRMT per word puts the two bytes
+// in the high bytes of its halves, where the bit move wants them (the other bytes are ignored).
+__device__ __forceinline__ void v_fragments_fp8_unchecked(uint32_t a0, uint32_t a1, uint32_t c0, uint32_t c1,
+                                                          uint2 (&b0)[2], uint2 (&b1)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  b0[0] = arch::e4m3x4_to_f16x4_unchecked(__byte_perm(a0, a1, 0x5140));  // n-tiles 4u, 4u + 1
+  b0[1] = arch::e4m3x4_to_f16x4_unchecked(__byte_perm(a0, a1, 0x7362));  // 4u + 2, 4u + 3
+  b1[0] = arch::e4m3x4_to_f16x4_unchecked(__byte_perm(c0, c1, 0x5140));
+  b1[1] = arch::e4m3x4_to_f16x4_unchecked(__byte_perm(c0, c1, 0x7362));
+#else
+  const auto pair = [](uint32_t x, uint32_t y, uint32_t sel) {
+    return arch::e4m3x2_high_bytes_to_f16x2_unchecked(__byte_perm(x, y, sel));
+  };
+  b0[0] = make_uint2(pair(a0, a1, 0x4400), pair(a0, a1, 0x5511));
+  b0[1] = make_uint2(pair(a0, a1, 0x6622), pair(a0, a1, 0x7733));
+  b1[0] = make_uint2(pair(c0, c1, 0x4400), pair(c0, c1, 0x5511));
+  b1[1] = make_uint2(pair(c0, c1, 0x6622), pair(c0, c1, 0x7733));
+#endif
 }
 
 // The tile loop over the ring that `copy` fills (kTokenStagesFp8 stages of 64 K rows then 64 V rows; the first
@@ -137,14 +149,29 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
     const KRowFp8 k1 = {{arch::ld_shared_v4(st + k_at0 + 8 * kRowBytes), arch::ld_shared_v4(st + k_at1 + 8 * kRowBytes)}};
     const uint4 v[4] = {arch::ld_shared_v4(st + v_at0), arch::ld_shared_v4(st + v_at1),
                         arch::ld_shared_v4(st + v_at0 + 8 * kRowBytes), arch::ld_shared_v4(st + v_at1 + 8 * kRowBytes)};
+    // K's fragments widened, then checked for the NaN encoding at once (below sm_89 code: one HMNMX2 per
+    // word; the fix runs only in a tile that holds a NaN byte).
+    uint2 kb[8][2];
+    uint32_t kmax[2] = {0u, 0u};
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      kb[kk][0] = k_fragment_fp8_unchecked(k0, kk), kb[kk][1] = k_fragment_fp8_unchecked(k1, kk);
+      kmax[kk & 1] = arch::e4m3_raw_abs_max(arch::e4m3_raw_abs_max(kmax[kk & 1], kb[kk][0].x), kb[kk][0].y);
+      kmax[kk & 1] = arch::e4m3_raw_abs_max(arch::e4m3_raw_abs_max(kmax[kk & 1], kb[kk][1].x), kb[kk][1].y);
+    }
+    if (arch::e4m3_raw_has_nan(arch::e4m3_raw_abs_max(kmax[0], kmax[1]))) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int n = 0; n < 2; ++n) kb[kk][n] = make_uint2(arch::e4m3_raw_nan_fix(kb[kk][n].x), arch::e4m3_raw_nan_fix(kb[kk][n].y));
+    }
     float s[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      const uint2 b0 = k_fragment_fp8(k0, kk), b1 = k_fragment_fp8(k1, kk);
-      arch::mma_m16n8k16<__half>(s[0], qa[kk], b0.x, b0.y);
-      arch::mma_m16n8k16<__half>(s[1], qa[kk], b1.x, b1.y);
+      arch::mma_m16n8k16<__half>(s[0], qa[kk], kb[kk][0].x, kb[kk][0].y);
+      arch::mma_m16n8k16<__half>(s[1], qa[kk], kb[kk][1].x, kb[kk][1].y);
     }
     // Logits in the exp2 domain, keys past `visible` -inf; this warp's row maxima (the row's 4 threads).
     float mx[2];
@@ -179,14 +206,32 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
       pa[2 * n + 1] = arch::pack2<__half>(p2, p3);
     }
     const auto word = [](const uint4& c, int u) { return u == 0 ? c.x : u == 1 ? c.y : u == 2 ? c.z : c.w; };
+    uint2 vb[4][2][2];  // word u's fragments: rows a -> [0], rows c -> [1]
+    uint32_t vmax[2] = {0u, 0u};
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      uint2 b0[2], b1[2];
-      v_fragments_fp8(word(v[0], u), word(v[1], u), word(v[2], u), word(v[3], u), b0, b1);
-      arch::mma_m16n8k16<__half>(ow[4 * u], pa, b0[0].x, b1[0].x);
-      arch::mma_m16n8k16<__half>(ow[4 * u + 1], pa, b0[0].y, b1[0].y);
-      arch::mma_m16n8k16<__half>(ow[4 * u + 2], pa, b0[1].x, b1[1].x);
-      arch::mma_m16n8k16<__half>(ow[4 * u + 3], pa, b0[1].y, b1[1].y);
+      v_fragments_fp8_unchecked(word(v[0], u), word(v[1], u), word(v[2], u), word(v[3], u), vb[u][0], vb[u][1]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          vmax[h] = arch::e4m3_raw_abs_max(arch::e4m3_raw_abs_max(vmax[h], vb[u][h][i].x), vb[u][h][i].y);
+    }
+    if (arch::e4m3_raw_has_nan(arch::e4m3_raw_abs_max(vmax[0], vmax[1]))) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            vb[u][h][i] = make_uint2(arch::e4m3_raw_nan_fix(vb[u][h][i].x), arch::e4m3_raw_nan_fix(vb[u][h][i].y));
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      arch::mma_m16n8k16<__half>(ow[4 * u], pa, vb[u][0][0].x, vb[u][1][0].x);
+      arch::mma_m16n8k16<__half>(ow[4 * u + 1], pa, vb[u][0][0].y, vb[u][1][0].y);
+      arch::mma_m16n8k16<__half>(ow[4 * u + 2], pa, vb[u][0][1].x, vb[u][1][1].x);
+      arch::mma_m16n8k16<__half>(ow[4 * u + 3], pa, vb[u][0][1].y, vb[u][1][1].y);
     }
   }
 

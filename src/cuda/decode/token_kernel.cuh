@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   __syncthreads();
   uint32_t qa[D / 16][4];
   float logit_scale[2] = {kp.scale_log2, kp.scale_log2};  // of rows row0 and row0 + 8 (exp2 domain)
-  if constexpr (kF8) {  // fp16 Q in the dim order of k_fragment_fp8 (fp8_tile.cuh)
+  if constexpr (kF8) {  // fp16 Q in the dim order of k_fragment_fp8_unchecked (fp8_tile.cuh)
     float unscale[2];
     q_fragments_dim_permuted<T>(s_q, lane, qa, unscale);
 #pragma unroll

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 import msa  # noqa: E402
 import msa_testing as mt  # noqa: E402
 from test_gpu_attention import check, plan_for, problem, run_gpu  # noqa: E402
-from test_gpu_attention_fp8 import K_SCALE, V_SCALE, call, fp8_tensors  # noqa: E402
+from test_gpu_attention_fp8 import K_SCALE, V_SCALE, call, fp8_tensors, to_device_fp8  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -171,3 +171,45 @@ def test_below_sm90_code(rng, fp8):
         o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
         mt.assert_close(out.float().cpu().numpy(), o_ref)
         mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
+
+
+def test_fp8_nan_bytes(rng):
+    """e4m3's NaN bytes (0x7F / 0xFF) in the cache under the single-token kernel, which below sm_89 code widens a
+    tile's bytes without the per-word NaN step and fixes its words only when their largest magnitude shows the NaN
+    encoding: NaN exactly where the float64 reference over the dequantized values has it (a K byte: every head of
+    its KV group for that token; a V byte: that dim of the group's heads), the rest within tolerance. Items for
+    every SM: the single-token kernel on any build."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hkv = 4
+    batch = -(-sms // hkv)
+    prob = decode_problem(rng, [int(x) for x in rng.integers(300, 2500, batch)], group=16, num_kv_heads=hkv, topk=16)
+    plan = plan_for(prob, max_qo_len=1)
+    assert plan.describe()["paged"] == "token"
+    k8, v8, _, _ = mt.fp8_kv(prob, K_SCALE, V_SCALE)
+
+    def selected_key(r, g, off):
+        """(request, page, slot): key `off` (or the last) of a block that the token of request r (or of the next
+        request that selected one) selected for KV head g."""
+        while True:
+            kv = int(prob.kv_lens[r])
+            blocks = [int(b) for b in prob.block_idx[r, g] if 0 <= b and b * 128 < kv]
+            if blocks:
+                key = blocks[0] * 128 + min(off, kv - blocks[0] * 128 - 1)
+                return r, prob.page_table[r, key // prob.page_size], key % prob.page_size
+            r += 1
+
+    rk, p, s = selected_key(3, 1, 70)
+    k8.view(np.uint8)[p, 1, s, 9] = 0xFF
+    rv, p, s = selected_key(rk + 1, 2, 5)
+    v8.view(np.uint8)[p, 2, s, 33] = 0x7F
+    kd, vd = k8.astype(np.float64) * K_SCALE, v8.astype(np.float64) * V_SCALE
+    out, lse = call(plan, prob, mt.to_torch(prob, "cuda", torch.bfloat16), to_device_fp8(k8), to_device_fp8(v8),
+                    k_scale=K_SCALE, v_scale=V_SCALE)
+    o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
+    o, l = out.float().cpu().numpy(), lse.cpu().numpy()
+    nan_o, nan_l = np.isnan(o_ref), np.isnan(lse_ref)
+    assert nan_o[rk, 16:32].all() and nan_o[rv, 32:48, 33].all() and nan_l[rk, 16:32].all(), "the NaN bytes reach"
+    np.testing.assert_array_equal(np.isnan(o), nan_o)
+    np.testing.assert_array_equal(np.isnan(l), nan_l)
+    mt.assert_close(np.where(nan_o, 0.0, o), np.where(nan_o, 0.0, o_ref))
+    mt.assert_lse_close(l[~nan_l], lse_ref[~nan_l])
