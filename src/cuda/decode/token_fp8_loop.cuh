@@ -11,7 +11,8 @@
 //  * P V sums over its 16 keys for all 128 dims (16 n-tiles). Both products sum in any order, so V's dims take
 //    a permuted order as K's do: n-tile j, column c is dim 16c + j, and thread (g, t) needs bytes
 //    [16g, 16g + 16) of V rows 2t, 2t + 1, 2t + 8, 2t + 9: four 16-byte loads, byte pairs of two rows joined by
-//    PRMT and widened by one e4m3 -> fp16 instruction per pair. V never goes through a converted copy.
+//    PRMT and widened by one e4m3 -> fp16 instruction per pair (below sm_89 code: one PRMT and a bit move per
+//    pair, and the NaN encoding looked for once per tile, arch/fp8.cuh). V never goes through a converted copy.
 //  * a row's softmax base moves only when a new maximum passes it by more than kTokenFp8RescaleSlack (2^8 in
 //    p, as FlashAttention-3 does): P then lies in [0, 2^8], exact enough in fp16, and the rescale of the 64
 //    accumulators per thread is skipped by the whole warp on most tiles.
