@@ -115,6 +115,27 @@ __device__ __forceinline__ uint32_t f16x2_raw_to(uint32_t h) {
   }
 }
 
+// Eight values of e4m3x4_to_f16x4_raw's words -> the exact values as T.
+template <typename T>
+__device__ __forceinline__ uint4 f16x8_raw_to(const uint4& h) {
+  return make_uint4(f16x2_raw_to<T>(h.x), f16x2_raw_to<T>(h.y), f16x2_raw_to<T>(h.z), f16x2_raw_to<T>(h.w));
+}
+
+// Sixteen e4m3 bytes -> the eight f16x2 words of e4m3x4_to_f16x4_unchecked (elements 0-7 in out0, 8-15 in out1),
+// and the caller's side of the tile-wide NaN check (e4m3_raw_abs_max) over such words.
+__device__ __forceinline__ void e4m3x16_to_f16_unchecked(const uint4& in, uint4& out0, uint4& out1) {
+  const uint2 a = e4m3x4_to_f16x4_unchecked(in.x), b = e4m3x4_to_f16x4_unchecked(in.y);
+  const uint2 c = e4m3x4_to_f16x4_unchecked(in.z), d = e4m3x4_to_f16x4_unchecked(in.w);
+  out0 = make_uint4(a.x, a.y, b.x, b.y);
+  out1 = make_uint4(c.x, c.y, d.x, d.y);
+}
+__device__ __forceinline__ uint32_t e4m3_raw_abs_max(uint32_t acc, const uint4& h) {
+  return e4m3_raw_abs_max(e4m3_raw_abs_max(e4m3_raw_abs_max(e4m3_raw_abs_max(acc, h.x), h.y), h.z), h.w);
+}
+__device__ __forceinline__ uint4 e4m3_raw_nan_fix(const uint4& h) {
+  return make_uint4(e4m3_raw_nan_fix(h.x), e4m3_raw_nan_fix(h.y), e4m3_raw_nan_fix(h.z), e4m3_raw_nan_fix(h.w));
+}
+
 // Sixteen e4m3 bytes -> sixteen values of T, exactly: out0 holds elements 0-7, out1 elements 8-15.
 template <typename T>
 __device__ __forceinline__ void e4m3x16_to(const uint4& in, uint4& out0, uint4& out1) {

@@ -57,23 +57,48 @@ __device__ __forceinline__ void load_fp8_rows(uint32_t src, int tid, Fp8Rows<D, 
   for (int pass = 0; pass < r.kPasses; ++pass) r.raw[pass] = arch::ld_shared_v4(src + (pass * THREADS + tid) * 16);
 }
 
+// Below sm_89 code the thread's chunks are widened first and checked for the NaN encoding at once (one HMNMX2 per
+// word, arch::e4m3_raw_abs_max), the per-word fix running only for a thread whose bytes hold a NaN.
 template <typename U, int D, int ROWS, int THREADS>
 __device__ __forceinline__ void store_fp8_rows_as(uint32_t dst, int tid, const Fp8Rows<D, ROWS, THREADS>& r) {
   constexpr uint32_t kRowBytes = D * 2;
-#pragma unroll
-  for (int pass = 0; pass < r.kPasses; ++pass) {
+  constexpr int kPasses = Fp8Rows<D, ROWS, THREADS>::kPasses;
+  // Chunks 2f (lo) and 2f + 1 (hi) of pass `pass`'s row. Chunk 2f (f % 8 < 4) or 2f + 1 (f % 8 >= 4) first: the
+  // 8 threads of a store phase then hit 8 distinct 16-byte bank groups (chunks 2f of f = 0..7 would pair up
+  // across the two 128-byte halves).
+  const auto store = [&](int pass, const uint4& lo, const uint4& hi) {
     const int i = pass * THREADS + tid;
     const int row = i / r.kRowChunks, f = i % r.kRowChunks;
-    uint4 lo, hi;  // 16-bit chunks 2f and 2f + 1
-    arch::e4m3x16_to<U>(r.raw[pass], lo, hi);
-    // Chunk 2f (f % 8 < 4) or 2f + 1 (f % 8 >= 4) first: the 8 threads of a store phase then hit 8
-    // distinct 16-byte bank groups (chunks 2f of f = 0..7 would pair up across the two 128-byte halves).
     const bool odd_first = (f & 4) != 0;
     const int c0 = 2 * f + (odd_first ? 1 : 0), c1 = c0 ^ 1;
     const uint32_t at = dst + row * kRowBytes;
     arch::st_shared_v4(at + 128 * (c0 >> 3) + (((c0 & 7) ^ (row & 7)) << 4), odd_first ? hi : lo);
     arch::st_shared_v4(at + 128 * (c1 >> 3) + (((c1 & 7) ^ (row & 7)) << 4), odd_first ? lo : hi);
+  };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    uint4 lo, hi;
+    arch::e4m3x16_to<U>(r.raw[pass], lo, hi);
+    store(pass, lo, hi);
   }
+#else
+  uint4 wide[kPasses][2];  // the f16x2 words of arch::e4m3x4_to_f16x4_unchecked
+  uint32_t amax = 0u;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    arch::e4m3x16_to_f16_unchecked(r.raw[pass], wide[pass][0], wide[pass][1]);
+    amax = arch::e4m3_raw_abs_max(arch::e4m3_raw_abs_max(amax, wide[pass][0]), wide[pass][1]);
+  }
+  if (arch::e4m3_raw_has_nan(amax)) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass)
+      wide[pass][0] = arch::e4m3_raw_nan_fix(wide[pass][0]), wide[pass][1] = arch::e4m3_raw_nan_fix(wide[pass][1]);
+  }
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass)
+    store(pass, arch::f16x8_raw_to<U>(wide[pass][0]), arch::f16x8_raw_to<U>(wide[pass][1]));
+#endif
 }
 
 // ---- K fragments straight from fp8 rows (the single-token kernel) ---------------------------------------
