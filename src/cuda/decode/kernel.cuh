@@ -94,6 +94,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   constexpr int kThreads = C::kThreads;
   constexpr int kKeys = C::kKeys;
   constexpr int kWK = C::kKeyGroups;
+  constexpr int kMT = C::kMTiles;     // 16-row m-tiles per warp
+  constexpr int kWarpRows = 16 * kMT;
   constexpr int kKW = C::kWarpKeys;
   constexpr int kNT = kKW / 8;        // key n-tiles of S per warp
   constexpr int kDT = D / 8;          // dv n-tiles of O
@@ -261,24 +263,30 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   const uint64_t all_tokens = low_bits(nt);
 
   // ---- the two MMA rows of this thread: token, position; the warp's tokens and positions ---------
-  int tok_of[2], pos_of[2];
+  // Row j of m-tile t: wr * kWarpRows + 16 t + lane / 4 + 8 j.
+  int tok_of[kMT][2], pos_of[kMT][2];
   uint64_t my_tokens = 0;
+  int my_pos_max = -1, my_pos_min = INT_MAX;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int r = wr * 16 + (lane >> 2) + 8 * j;
-    const int i = r >> gp_shift, h = r & (GP - 1);
-    const bool ok = i < nt && h < G;
-    tok_of[j] = ok ? i : -1;
-    pos_of[j] = ok ? clamp_pos(pos_base + i) : -1;
-    my_tokens |= ok ? 1ull << i : 0ull;
+  for (int t = 0; t < kMT; ++t) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = wr * kWarpRows + 16 * t + (lane >> 2) + 8 * j;
+      const int i = r >> gp_shift, h = r & (GP - 1);
+      const bool ok = i < nt && h < G;
+      tok_of[t][j] = ok ? i : -1;
+      pos_of[t][j] = ok ? clamp_pos(pos_base + i) : -1;
+      my_tokens |= ok ? 1ull << i : 0ull;
+      my_pos_max = max(my_pos_max, pos_of[t][j]);
+      my_pos_min = min(my_pos_min, ok ? pos_of[t][j] : INT_MAX);
+    }
   }
   const uint64_t warp_tokens =
       static_cast<uint64_t>(__reduce_or_sync(kFullMask, static_cast<unsigned>(my_tokens))) |
       (static_cast<uint64_t>(__reduce_or_sync(kFullMask, static_cast<unsigned>(my_tokens >> 32))) << 32);
-  const int warp_pos_max = __reduce_max_sync(kFullMask, max(pos_of[0], pos_of[1]));
+  const int warp_pos_max = __reduce_max_sync(kFullMask, my_pos_max);
   // Smallest position of the warp's query rows (INT_MAX for a warp of padding rows only).
-  const int warp_pos_min = __reduce_min_sync(
-      kFullMask, min(tok_of[0] < 0 ? INT_MAX : pos_of[0], tok_of[1] < 0 ? INT_MAX : pos_of[1]));
+  const int warp_pos_min = __reduce_min_sync(kFullMask, my_pos_min);
 
   // ---- 3. key rows through the page table, one thread per key of a tile ---------------------------
   // Page of key j: j >> page_shift for a power-of-two page size (every serving pool), else a 32-bit
@@ -383,20 +391,29 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     swz_a[q] = ((2 * q + (lane >> 4)) ^ (lane & 7)) << 4;
     swz_b[q] = ((2 * q + ((lane >> 3) & 1)) ^ (lane & 7)) << 4;
   }
-  const uint32_t q_lane = qs + (wr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes;
+  const uint32_t q_lane = qs + (wr * kWarpRows + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes;  // + 16 t rows
   const uint32_t k_lane = (wk * kKW + ((lane >> 4) << 3) + (lane & 7)) * kRowBytes;       // + stage base
   const uint32_t v_lane = kKeys * kRowBytes + (wk * kKW + ((lane >> 3) & 1) * 8 + (lane & 7)) * kRowBytes;
-  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
+  uint32_t qa[kMT][C::kQInRegs ? D / 16 : 1][4];
   if constexpr (C::kQInRegs) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) arch::ldmatrix_x4(qa[kk], q_lane + (kk >> 2) * 128 + swz_a[kk & 3]);
+    for (int t = 0; t < kMT; ++t) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        arch::ldmatrix_x4(qa[t][kk], q_lane + t * 16 * kRowBytes + (kk >> 2) * 128 + swz_a[kk & 3]);
+    }
   }
 
   // ---- 4. the key tiles ------------------------------------------------------------------------
-  float o[kDT][4];
+  float o[kMT][kDT][4];
+  float m_run[kMT][2], l_run[kMT][2];
 #pragma unroll
-  for (int n = 0; n < kDT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  for (int t = 0; t < kMT; ++t) {
+#pragma unroll
+    for (int n = 0; n < kDT; ++n) o[t][n][0] = o[t][n][1] = o[t][n][2] = o[t][n][3] = 0.f;
+    m_run[t][0] = m_run[t][1] = -INFINITY;
+    l_run[t][0] = l_run[t][1] = 0.f;
+  }
   const float sl2 = kp.scale_log2;
   const uint64_t warp_keys = low_bits(kKW) << (wk * kKW);  // this warp's keys of a tile
   // Stage and ring slot of tile x (x % NS, x % (NS+1)), of the tile loaded in iteration x
@@ -429,9 +446,12 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
     const bool active = (blk_tokens & warp_tokens) != 0 && valid != 0 && !(p.causal && key0 + wk * kKW > warp_pos_max);
     if (active) {
       const uint32_t stage_base = kF8 ? conv : stages + stage * kStageBytes;
-      float s[kNT][4];
+      float s[kMT][kNT][4];
 #pragma unroll
-      for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      for (int t = 0; t < kMT; ++t) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) s[t][n][0] = s[t][n][1] = s[t][n][2] = s[t][n][3] = 0.f;
+      }
       // k-step kk = 4*hi + q covers dims [16 kk, 16 kk + 16) = chunks 8*hi + 2q (+1). With Q in
       // shared memory (D=256) the hi loop stays rolled so the fragment loads are not all hoisted
       // ahead of the MMAs (that would spill next to the 128-register O accumulator).
@@ -439,19 +459,25 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
       for (int hi = 0; hi < D / 64; ++hi) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          uint32_t a[4];
-          if constexpr (C::kQInRegs) {
-            const int kk = hi * 4 + q;
-            a[0] = qa[kk][0], a[1] = qa[kk][1], a[2] = qa[kk][2], a[3] = qa[kk][3];
-          } else {
-            arch::ldmatrix_x4(a, q_lane + hi * 128 + swz_a[q]);
+          uint32_t a[kMT][4];
+#pragma unroll
+          for (int t = 0; t < kMT; ++t) {
+            if constexpr (C::kQInRegs) {
+              const int kk = hi * 4 + q;
+              a[t][0] = qa[t][kk][0], a[t][1] = qa[t][kk][1], a[t][2] = qa[t][kk][2], a[t][3] = qa[t][kk][3];
+            } else {
+              arch::ldmatrix_x4(a[t], q_lane + t * 16 * kRowBytes + hi * 128 + swz_a[q]);
+            }
           }
 #pragma unroll
           for (int np = 0; np < kNT / 2; ++np) {
             uint32_t bk[4];
             arch::ldmatrix_x4(bk, stage_base + k_lane + np * 16 * kRowBytes + hi * 128 + swz_b[q]);
-            arch::mma_m16n8k16<T>(s[2 * np], a, bk[0], bk[1]);
-            arch::mma_m16n8k16<T>(s[2 * np + 1], a, bk[2], bk[3]);
+#pragma unroll
+            for (int t = 0; t < kMT; ++t) {
+              arch::mma_m16n8k16<T>(s[t][2 * np], a[t], bk[0], bk[1]);
+              arch::mma_m16n8k16<T>(s[t][2 * np + 1], a[t], bk[2], bk[3]);
+            }
           }
         }
       }
@@ -462,30 +488,40 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
                                !(p.causal && key0 + (wk + 1) * kKW - 1 > warp_pos_min);
       if (all_visible) {
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) {
+        for (int t = 0; t < kMT; ++t) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[n][e] *= sl2;
+          for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[t][n][e] *= sl2;
+          }
         }
       } else {
-        bool row_sel[2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) row_sel[j] = tok_of[j] >= 0 && ((blk_tokens >> tok_of[j]) & 1ull);
+        for (int t = 0; t < kMT; ++t) {
+          bool row_sel[2];
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) {
+          for (int j = 0; j < 2; ++j) row_sel[j] = tok_of[t][j] >= 0 && ((blk_tokens >> tok_of[t][j]) & 1ull);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int kl = wk * kKW + n * 8 + (lane & 3) * 2 + (e & 1);
-            const int j = e >> 1;
-            const bool vis = row_sel[j] && ((valid >> kl) & 1ull) && (!p.causal || key0 + kl <= pos_of[j]);
-            s[n][e] = vis ? s[n][e] * sl2 : -INFINITY;
+          for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int kl = wk * kKW + n * 8 + (lane & 3) * 2 + (e & 1);
+              const int j = e >> 1;
+              const bool vis = row_sel[j] && ((valid >> kl) & 1ull) && (!p.causal || key0 + kl <= pos_of[t][j]);
+              s[t][n][e] = vis ? s[t][n][e] * sl2 : -INFINITY;
+            }
           }
         }
       }
-      float mx[2] = {-INFINITY, -INFINITY};
+      float mx[kMT][2];
 #pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+      for (int t = 0; t < kMT; ++t) {
+        mx[t][0] = mx[t][1] = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          mx[t][0] = fmaxf(mx[t][0], fmaxf(s[t][n][0], s[t][n][1]));
+          mx[t][1] = fmaxf(mx[t][1], fmaxf(s[t][n][2], s[t][n][3]));
+        }
       }
       // Online softmax in the exp2 domain with a lazy maximum: the running max m moves only when a
       // row's new logits exceed it by more than 8 (so p = 2^(x - m) <= 256, far from fp32/bf16
@@ -494,51 +530,66 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
       // and uses 0 as its base, so exp2(-inf - 0) = 0 and nothing turns into NaN.
       bool grow = false;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFullMask, mx[j], 1));
-        mx[j] = fmaxf(mx[j], __shfl_xor_sync(kFullMask, mx[j], 2));
-        grow |= mx[j] > m_run[j] + kLazyMaxSlack;
-      }
-      if (__any_sync(kFullMask, grow)) {
-        float scale_old[2];
+      for (int t = 0; t < kMT; ++t) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const float m_new = fmaxf(m_run[j], mx[j]);
-          scale_old[j] = arch::exp2_approx(m_run[j] - (m_new == -INFINITY ? 0.f : m_new));
-          m_run[j] = m_new;
-          l_run[j] *= scale_old[j];
-        }
-#pragma unroll
-        for (int n = 0; n < kDT; ++n) {
-          o[n][0] *= scale_old[0];
-          o[n][1] *= scale_old[0];
-          o[n][2] *= scale_old[1];
-          o[n][3] *= scale_old[1];
+          mx[t][j] = fmaxf(mx[t][j], __shfl_xor_sync(kFullMask, mx[t][j], 1));
+          mx[t][j] = fmaxf(mx[t][j], __shfl_xor_sync(kFullMask, mx[t][j], 2));
+          grow |= mx[t][j] > m_run[t][j] + kLazyMaxSlack;
         }
       }
-      const float base[2] = {m_run[0] == -INFINITY ? 0.f : m_run[0], m_run[1] == -INFINITY ? 0.f : m_run[1]};
+      if (__any_sync(kFullMask, grow)) {
 #pragma unroll
-      for (int n = 0; n < kNT; ++n) {
+        for (int t = 0; t < kMT; ++t) {
+          float scale_old[2];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[n][e] = arch::exp2_approx(s[n][e] - base[e >> 1]);
-          l_run[e >> 1] += s[n][e];
+          for (int j = 0; j < 2; ++j) {
+            const float m_new = fmaxf(m_run[t][j], mx[t][j]);
+            scale_old[j] = arch::exp2_approx(m_run[t][j] - (m_new == -INFINITY ? 0.f : m_new));
+            m_run[t][j] = m_new;
+            l_run[t][j] *= scale_old[j];
+          }
+#pragma unroll
+          for (int n = 0; n < kDT; ++n) {
+            o[t][n][0] *= scale_old[0];
+            o[t][n][1] *= scale_old[0];
+            o[t][n][2] *= scale_old[1];
+            o[t][n][3] *= scale_old[1];
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kMT; ++t) {
+        const float base[2] = {m_run[t][0] == -INFINITY ? 0.f : m_run[t][0], m_run[t][1] == -INFINITY ? 0.f : m_run[t][1]};
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[t][n][e] = arch::exp2_approx(s[t][n][e] - base[e >> 1]);
+            l_run[t][e >> 1] += s[t][n][e];
+          }
         }
       }
       // O += P V: the S accumulators of two key n-tiles are the A fragment of one 16-key k-step.
 #pragma unroll
       for (int ks16 = 0; ks16 < kKW / 16; ++ks16) {
-        uint32_t pa[4];
-        pa[0] = arch::pack2<PT>(s[2 * ks16][0], s[2 * ks16][1]);
-        pa[1] = arch::pack2<PT>(s[2 * ks16][2], s[2 * ks16][3]);
-        pa[2] = arch::pack2<PT>(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]);
-        pa[3] = arch::pack2<PT>(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3]);
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int t = 0; t < kMT; ++t) {
+          pa[t][0] = arch::pack2<PT>(s[t][2 * ks16][0], s[t][2 * ks16][1]);
+          pa[t][1] = arch::pack2<PT>(s[t][2 * ks16][2], s[t][2 * ks16][3]);
+          pa[t][2] = arch::pack2<PT>(s[t][2 * ks16 + 1][0], s[t][2 * ks16 + 1][1]);
+          pa[t][3] = arch::pack2<PT>(s[t][2 * ks16 + 1][2], s[t][2 * ks16 + 1][3]);
+        }
 #pragma unroll
         for (int np = 0; np < D / 16; ++np) {
           uint32_t bv[4];
           arch::ldmatrix_x4_trans(bv, stage_base + v_lane + ks16 * 16 * kRowBytes + (np >> 2) * 128 + swz_a[np & 3]);
-          arch::mma_m16n8k16<PT>(o[2 * np], pa, bv[0], bv[1]);
-          arch::mma_m16n8k16<PT>(o[2 * np + 1], pa, bv[2], bv[3]);
+#pragma unroll
+          for (int t = 0; t < kMT; ++t) {
+            arch::mma_m16n8k16<PT>(o[t][2 * np], pa[t], bv[0], bv[1]);
+            arch::mma_m16n8k16<PT>(o[t][2 * np + 1], pa[t], bv[2], bv[3]);
+          }
         }
       }
     }
@@ -558,23 +609,24 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS>::kThreads, TileConfig<D, R
   float* em = eo + kWK * ROWS * kEpi;                   // [WK][ROWS] running max (exp2 domain)
   float* el = em + kWK * ROWS;                          // [WK][ROWS] sum of exp2
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    l_run[j] += __shfl_xor_sync(kFullMask, l_run[j], 1);
-    l_run[j] += __shfl_xor_sync(kFullMask, l_run[j], 2);
-  }
-  {
-    const int r0 = wr * 16 + (lane >> 2);
+  for (int t = 0; t < kMT; ++t) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      l_run[t][j] += __shfl_xor_sync(kFullMask, l_run[t][j], 1);
+      l_run[t][j] += __shfl_xor_sync(kFullMask, l_run[t][j], 2);
+    }
+    const int r0 = wr * kWarpRows + 16 * t + (lane >> 2);
     float* w0 = eo + (wk * ROWS + r0) * kEpi + (lane & 3) * 2;
 #pragma unroll
     for (int n = 0; n < kDT; ++n) {
-      *reinterpret_cast<float2*>(w0 + n * 8) = make_float2(o[n][0], o[n][1]);
-      *reinterpret_cast<float2*>(w0 + 8 * kEpi + n * 8) = make_float2(o[n][2], o[n][3]);
+      *reinterpret_cast<float2*>(w0 + n * 8) = make_float2(o[t][n][0], o[t][n][1]);
+      *reinterpret_cast<float2*>(w0 + 8 * kEpi + n * 8) = make_float2(o[t][n][2], o[t][n][3]);
     }
     if ((lane & 3) == 0) {
-      em[wk * ROWS + r0] = m_run[0];
-      el[wk * ROWS + r0] = l_run[0];
-      em[wk * ROWS + r0 + 8] = m_run[1];
-      el[wk * ROWS + r0 + 8] = l_run[1];
+      em[wk * ROWS + r0] = m_run[t][0];
+      el[wk * ROWS + r0] = l_run[t][0];
+      em[wk * ROWS + r0 + 8] = m_run[t][1];
+      el[wk * ROWS + r0 + 8] = l_run[t][1];
     }
   }
   __syncthreads();
