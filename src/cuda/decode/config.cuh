@@ -33,10 +33,10 @@ struct TileConfig {
   static_assert(ROWS == 16 || ROWS == 64 || ROWS == 128, "16, 64 or 128 rows");
   static constexpr int kHeadDim = D;
   static constexpr int kRows = ROWS;
-  static constexpr int kKeys = D == 256 ? 32 : 64;             // keys per pipeline stage
   // 128-row tiles (prefill) at D <= 128: FlashAttention-2's shape, 4 warps of 32 rows (two m-tiles), so
-  // every K / V fragment feeds two MMAs and 2 CTAs share an SM.
+  // every K / V fragment feeds two MMAs, with 32-key stages so that 2 CTAs share an SM (an A100 too).
   static constexpr int kMTiles = ROWS == 128 && D <= 128 ? 2 : 1;  // 16-row m-tiles per warp
+  static constexpr int kKeys = D == 256 || kMTiles == 2 ? 32 : 64;  // keys per pipeline stage
   static constexpr int kRowGroups = ROWS / (16 * kMTiles);     // warps along rows
   static constexpr int kKeyGroups = ROWS == 16 ? kKeys / 16 : 1;  // warps along the keys of a tile
   static constexpr int kWarps = kRowGroups * kKeyGroups;
@@ -45,10 +45,10 @@ struct TileConfig {
   static constexpr int kTilesPerBlock = kBlock / kKeys;
   static constexpr int kChunksPerRow = D * 2 / 16;             // 16-byte chunks per K/V/Q row (2-byte types)
   // 3 stages keep 2 CTAs per SM (1 CTA with 4-6 stages measured 1.6-1.9x slower: see docs/decode.md).
-  static constexpr int kMaxStages = kMTiles == 2 ? 2 : (D == 64 ? 4 : 3);
+  static constexpr int kMaxStages = D == 64 ? 4 : 3;
   // Q fragments live in registers for D <= 128 (32 registers at D=128); at D=256 they would take 64
   // and push the 128-register O accumulator into spills, so Q stays in shared memory there.
-  static constexpr bool kQInRegs = D * kMTiles <= 128;
+  static constexpr bool kQInRegs = D <= 128 && kMTiles == 1;
   static constexpr int kMinBlocksPerSm = ((ROWS == 128 && kMTiles == 1) || D == 256) ? 1 : 2;
   // Tile loads: 8 threads per K or V row, thread t8 copying 16-byte chunks t8 + 8j, so each
   // instruction moves 128 contiguous bytes of a row and the thread's swizzled destination is a

@@ -30,6 +30,7 @@ namespace {
 struct TileFacts {
   int threads;
   int max_stages;
+  int min_ctas_per_sm;  // the CTAs per SM the tile is shaped for (its __launch_bounds__)
   uint32_t (*smem_bytes)(int stages, int list_cap);
   uint32_t (*merge_bytes)(int stages, int list_cap);  // shared memory the fused merge may use
   bool (*part_fits)(int stages, int list_cap);        // a split's rows fit beside the epilogue
@@ -42,7 +43,7 @@ std::pair<SmemLayout, SmemLayout> layouts(int stages, int list_cap) {
 template <int D, int ROWS>
 TileFacts facts_of() {
   using C = TileConfig<D, ROWS>;
-  return {C::kThreads, C::kMaxStages,
+  return {C::kThreads, C::kMaxStages, C::kMinBlocksPerSm,
           [](int stages, int list_cap) {
             const auto [a, b] = layouts<D, ROWS>(stages, list_cap);
             return std::max(a.total, b.total);
@@ -350,10 +351,22 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
             " query tiles, more than one launch holds (2^31 - 1)");
 
   // Pipeline depth: the deepest that fits the device (3 stages of 32 KB at D=128: 2 CTAs per SM on
-  // the H200).
+  // the H200), but no deeper than leaves room for the CTAs per SM the tile is shaped for (the 4-warp
+  // 128-row tiles: 2; an A100 holds two of them at 2 stages, not at 3).
   const int optin = smem_optin(dev.device);
   int stages = facts.max_stages;
   while (stages > 2 && facts.smem_bytes(stages, list_cap) > static_cast<uint32_t>(optin)) --stages;
+  const auto ctas_per_sm = [&](int n) {
+    int fit = INT32_MAX;
+    for (const KernelVariant v : kVariants)
+      fit = std::min(fit, prepare_kernel(dev.device, kernel_entry(v.dtype, v.kv_dtype, D, rows), st->threads,
+                                         facts.smem_bytes(n, list_cap)));
+    return fit;
+  };
+  if (facts.smem_bytes(stages, list_cap) <= static_cast<uint32_t>(optin)) {
+    while (stages > 2 && ctas_per_sm(stages) < facts.min_ctas_per_sm && ctas_per_sm(stages - 1) > ctas_per_sm(stages))
+      --stages;
+  }
   const uint32_t smem = facts.smem_bytes(stages, list_cap);
   MSA_CHECK(smem <= static_cast<uint32_t>(optin), kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ",
             D, ", ", rows, " rows and topk ", c.topk, " needs ", smem, " bytes of shared memory; ",
@@ -361,9 +374,7 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   st->stages = stages;
   st->smem_bytes = smem;
   st->stages_fp8 = fp8_stages(stages);
-  int per_sm = INT32_MAX;
-  for (const KernelVariant v : kVariants)
-    per_sm = std::min(per_sm, prepare_kernel(dev.device, kernel_entry(v.dtype, v.kv_dtype, D, rows), st->threads, smem));
+  const int per_sm = ctas_per_sm(stages);
   MSA_CHECK(per_sm >= 1, kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ", D, " and ", rows,
             " rows does not fit on ", device_name(plan.device()));
 
