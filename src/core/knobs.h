@@ -34,6 +34,9 @@ PortablePrefill portable_prefill(const char* fn);
 // MSA_PORTABLE_KV_STAGES=1: the portable KV-major kernel with one K/V stage on every device.
 bool portable_one_kv_stage(const char* fn);
 
+// MSA_PAGED_TILE_KEYS=32: the paged kernel's 128-row tiles at head dim 128 with 32-key stages on every device.
+bool paged_tile_keys_32(const char* fn);
+
 // MSA_SM90_KV_WINDOW_TILES: the most tiles of a KV-major window; 0 when unset (no cap).
 int64_t kv_window_tiles(const char* fn);
 

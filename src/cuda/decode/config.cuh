@@ -27,16 +27,21 @@ constexpr int kMaxTileTokens = 64;    // tokens per tile: one bit each in a 64-b
 constexpr int kMaxListEntries = 8192; // token x topk entries sorted per tile (decode: <= 8 x topk)
 constexpr int kMaxSplits = 64;        // cap of the split count (workspace, and the last CTA's merge length)
 
-template <int D, int ROWS>
+// Keys per pipeline stage: 64, 32 at D=256 (32 KB stages). The 128-row tiles at D=128 also come with
+// 32-key stages, for devices that cannot hold two CTAs of 64-key stages on an SM (plan.cu).
+__host__ __device__ constexpr int default_tile_keys(int d) { return d == 256 ? 32 : 64; }
+
+template <int D, int ROWS, int KEYS = default_tile_keys(D)>
 struct TileConfig {
   static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
   static_assert(ROWS == 16 || ROWS == 64 || ROWS == 128, "16, 64 or 128 rows");
+  static_assert(KEYS == 32 || KEYS == 64, "32 or 64 keys a stage");
   static constexpr int kHeadDim = D;
   static constexpr int kRows = ROWS;
   // 128-row tiles (prefill) at D <= 128: FlashAttention-2's shape, 4 warps of 32 rows (two m-tiles), so
-  // every K / V fragment feeds two MMAs, with 32-key stages so that 2 CTAs share an SM (an A100 too).
+  // that every K / V fragment feeds two MMAs; Q stays in shared memory and 2 CTAs share an SM.
   static constexpr int kMTiles = ROWS == 128 && D <= 128 ? 2 : 1;  // 16-row m-tiles per warp
-  static constexpr int kKeys = D == 256 || kMTiles == 2 ? 32 : 64;  // keys per pipeline stage
+  static constexpr int kKeys = KEYS;
   static constexpr int kRowGroups = ROWS / (16 * kMTiles);     // warps along rows
   static constexpr int kKeyGroups = ROWS == 16 ? kKeys / 16 : 1;  // warps along the keys of a tile
   static constexpr int kWarps = kRowGroups * kKeyGroups;
@@ -89,9 +94,9 @@ __host__ __device__ constexpr uint32_t align_up(uint32_t x, uint32_t a) { return
 
 // fp8: num_stages fp8 stages (half the bytes each) after one 16-bit tile they are converted into
 // (fp8_tile.cuh).
-template <int D, int ROWS>
+template <int D, int ROWS, int KEYS>
 __host__ __device__ inline SmemLayout smem_layout(int num_stages, int list_cap, bool fp8 = false) {
-  using C = TileConfig<D, ROWS>;
+  using C = TileConfig<D, ROWS, KEYS>;
   SmemLayout s;
   const uint32_t stage_bytes = 2u * C::kKeys * D * 2u;
   uint32_t off = 0;

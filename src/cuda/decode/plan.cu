@@ -36,24 +36,24 @@ struct TileFacts {
   bool (*part_fits)(int stages, int list_cap);        // a split's rows fit beside the epilogue
 };
 // The 16-bit and the fp8 layouts of `stages` 16-bit stages.
-template <int D, int ROWS>
+template <int D, int ROWS, int KEYS>
 std::pair<SmemLayout, SmemLayout> layouts(int stages, int list_cap) {
-  return {smem_layout<D, ROWS>(stages, list_cap), smem_layout<D, ROWS>(fp8_stages(stages), list_cap, true)};
+  return {smem_layout<D, ROWS, KEYS>(stages, list_cap), smem_layout<D, ROWS, KEYS>(fp8_stages(stages), list_cap, true)};
 }
-template <int D, int ROWS>
+template <int D, int ROWS, int KEYS = default_tile_keys(D)>
 TileFacts facts_of() {
-  using C = TileConfig<D, ROWS>;
+  using C = TileConfig<D, ROWS, KEYS>;
   return {C::kThreads, C::kMaxStages, C::kMinBlocksPerSm,
           [](int stages, int list_cap) {
-            const auto [a, b] = layouts<D, ROWS>(stages, list_cap);
+            const auto [a, b] = layouts<D, ROWS, KEYS>(stages, list_cap);
             return std::max(a.total, b.total);
           },
           [](int stages, int list_cap) {
-            const auto [a, b] = layouts<D, ROWS>(stages, list_cap);
+            const auto [a, b] = layouts<D, ROWS, KEYS>(stages, list_cap);
             return std::min(a.ring_off, b.ring_off);
           },
           [](int stages, int list_cap) {
-            const auto [a, b] = layouts<D, ROWS>(stages, list_cap);
+            const auto [a, b] = layouts<D, ROWS, KEYS>(stages, list_cap);
             return a.part_end <= a.ring_off && b.part_end <= b.ring_off;
           }};
 }
@@ -72,7 +72,9 @@ template <int D>
 TileFacts facts_for_rows(int rows) {
   return rows == 16 ? facts_of<D, 16>() : (rows == 64 ? facts_of<D, 64>() : facts_of<D, 128>());
 }
-TileFacts tile_facts(int head_dim, int rows) {
+// keys: default_tile_keys(head_dim), or 32 for 128 rows at head dim 128 (kernel_for_rows).
+TileFacts tile_facts(int head_dim, int rows, int keys) {
+  if (keys == 32 && rows == 128 && head_dim == 128) return facts_of<128, 128, 32>();
   return head_dim == 64 ? facts_for_rows<64>(rows) : (head_dim == 128 ? facts_for_rows<128>(rows) : facts_for_rows<256>(rows));
 }
 
@@ -276,8 +278,9 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
 
 std::string describe(const State& s) {
   if (!s.unsupported.empty()) return "paged=unsupported";
-  std::string out = s.token_kernel ? "paged=token" : "paged=general rows=" + std::to_string(s.rows) +
-                                                         " tile_tokens=" + std::to_string(s.tile_tokens);
+  std::string out = s.token_kernel ? "paged=token"
+                                    : "paged=general rows=" + std::to_string(s.rows) + " keys=" + std::to_string(s.keys) +
+                                          " tile_tokens=" + std::to_string(s.tile_tokens);
   out += " splits=" + std::to_string(s.splits);
   if (s.fixed_split_blocks > 0) out += " fixed_split_blocks=" + std::to_string(s.fixed_split_blocks);
   const char* merge = s.splits <= 1              ? "none"
@@ -330,9 +333,29 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
     list_cap = static_cast<int>(std::bit_ceil(static_cast<unsigned>(tile_tokens * c.topk)));
   }
 
-  const TileFacts facts = tile_facts(D, rows);
+  // CTAs per SM of the instance (rows, keys) with `stages` stages: the least over the kernel variants.
+  const int optin = smem_optin(dev.device);
+  const auto ctas_per_sm = [&](const TileFacts& f, int keys, int stages) {
+    int fit = INT32_MAX;
+    for (const KernelVariant v : kVariants)
+      fit = std::min(fit, prepare_kernel(dev.device, kernel_entry(v.dtype, v.kv_dtype, D, rows, keys), f.threads,
+                                         f.smem_bytes(stages, list_cap)));
+    return fit;
+  };
+  // Keys per stage: the 4-warp 128-row tiles at D=128 take 64 where two of their CTAs fit an SM at 2 stages
+  // (H100 / H200), else 32 (A100: 164 KB a SM; sm_86 / 89 / 120: 100 KB, where one 64-key CTA does not even
+  // fit). On the H200 the 64-key stages measured 5-8% faster (docs/prefill_portable.md).
+  int keys = default_tile_keys(D);
+  if (rows == 128 && D == 128) {
+    const TileFacts wide = tile_facts(D, rows, keys);
+    const bool wide_fits = wide.smem_bytes(2, list_cap) <= static_cast<uint32_t>(optin) &&
+                           ctas_per_sm(wide, keys, 2) >= wide.min_ctas_per_sm;
+    if (!wide_fits || knobs::paged_tile_keys_32(fn)) keys = 32;
+  }
+  const TileFacts facts = tile_facts(D, rows, keys);
   st->head_dim = D;
   st->rows = rows;
+  st->keys = keys;
   st->threads = facts.threads;
   st->group_pad = GP;
   st->tile_tokens = tile_tokens;
@@ -351,20 +374,13 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
             " query tiles, more than one launch holds (2^31 - 1)");
 
   // Pipeline depth: the deepest that fits the device (3 stages of 32 KB at D=128: 2 CTAs per SM on
-  // the H200), but no deeper than leaves room for the CTAs per SM the tile is shaped for (the 4-warp
-  // 128-row tiles: 2; an A100 holds two of them at 2 stages, not at 3).
-  const int optin = smem_optin(dev.device);
+  // the H200), but no deeper than leaves room for the CTAs per SM the tile is shaped for (an A100 holds
+  // two of the 32-key 128-row tiles at 2 stages, not at 3).
   int stages = facts.max_stages;
   while (stages > 2 && facts.smem_bytes(stages, list_cap) > static_cast<uint32_t>(optin)) --stages;
-  const auto ctas_per_sm = [&](int n) {
-    int fit = INT32_MAX;
-    for (const KernelVariant v : kVariants)
-      fit = std::min(fit, prepare_kernel(dev.device, kernel_entry(v.dtype, v.kv_dtype, D, rows), st->threads,
-                                         facts.smem_bytes(n, list_cap)));
-    return fit;
-  };
   if (facts.smem_bytes(stages, list_cap) <= static_cast<uint32_t>(optin)) {
-    while (stages > 2 && ctas_per_sm(stages) < facts.min_ctas_per_sm && ctas_per_sm(stages - 1) > ctas_per_sm(stages))
+    while (stages > 2 && ctas_per_sm(facts, keys, stages) < facts.min_ctas_per_sm &&
+           ctas_per_sm(facts, keys, stages - 1) > ctas_per_sm(facts, keys, stages))
       --stages;
   }
   const uint32_t smem = facts.smem_bytes(stages, list_cap);
@@ -374,7 +390,7 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   st->stages = stages;
   st->smem_bytes = smem;
   st->stages_fp8 = fp8_stages(stages);
-  const int per_sm = ctas_per_sm(stages);
+  const int per_sm = ctas_per_sm(facts, keys, stages);
   MSA_CHECK(per_sm >= 1, kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ", D, " and ", rows,
             " rows does not fit on ", device_name(plan.device()));
 
@@ -418,7 +434,7 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
     if (dev.cc < 90 || n < 2 || n > kMaxClusterSplits || !facts.part_fits(stages, list_cap)) return 0;
     int fit = INT32_MAX;
     for (const KernelVariant v : kVariants) {
-      const void* fn = kernel_entry(v.dtype, v.kv_dtype, D, rows);
+      const void* fn = kernel_entry(v.dtype, v.kv_dtype, D, rows, keys);
       fit = std::min(fit, clusters_that_fit(dev.device, fn, st->threads, smem, static_cast<int>(n)));
     }
     return fit;

@@ -230,6 +230,28 @@ def test_one_kv_stage(rng, monkeypatch, pattern, kv):
     mt.assert_lse_close(lse, lse_ref)
 
 
+@pytest.mark.parametrize("pattern", [None, "shared", "clustered"])
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_paged_tile_keys_32(rng, monkeypatch, pattern, kv):
+    """MSA_PAGED_TILE_KEYS=32: the paged kernel's 128-row tiles with 32-key stages, which the A100, L40S and RTX
+    parts run (the H200 takes 64-key stages), on the query-major tiles: dense and sparse, a cached prefix, a
+    ragged batch with an empty request, both page sizes."""
+    monkeypatch.setenv("MSA_PAGED_TILE_KEYS", "32")
+    page = 256 if pattern == "clustered" else 128
+    prob = problem(rng, **RAGGED, num_kv_heads=2, pattern=pattern, page_size=page, empty_row_prob=0.05)
+    plan = plan_for(prob, monkeypatch, "qmajor")
+    d = plan.describe()
+    assert d["rows"] == "128" and d["keys"] == "32", d
+    if kv == "bf16":
+        check(plan, prob)
+        return
+    k8, v8, kd, vd = mt.fp8_kv(prob, K_SCALE, V_SCALE)
+    o, lse = run_gpu(plan, prob, k=to_device_fp8(k8), v=to_device_fp8(v8), k_scale=K_SCALE, v_scale=V_SCALE)
+    o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
+    mt.assert_close(o, o_ref)
+    mt.assert_lse_close(lse, lse_ref)
+
+
 @pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
 def test_repeated_runs_are_bitwise_equal(rng, monkeypatch, mode):
     """The KV-major lists are built with atomics and items claimed dynamically; results must not depend on it."""
@@ -305,10 +327,12 @@ def _sanitizer_case():
     """One small sparse case per decomposition: the launches compute-sanitizer watches. KV-major items span
     several jobs and CTAs claim several items (every K/V stage and item record reused)."""
     rng = np.random.default_rng(0)
-    for mode, pattern, stages in (("qmajor", "clustered", "auto"), ("kvmajor", "random", "auto"),
-                                  ("kvmajor", "shared", "auto"), ("kvmajor", "shared", "1")):
+    for mode, pattern, stages in (("qmajor", "clustered", "auto"), ("qmajor", "shared", "32 keys"),
+                                  ("kvmajor", "random", "auto"), ("kvmajor", "shared", "auto"),
+                                  ("kvmajor", "shared", "1")):
         set_env(mode)
-        os.environ["MSA_PORTABLE_KV_STAGES"] = stages
+        os.environ["MSA_PORTABLE_KV_STAGES"] = "auto" if stages == "32 keys" else stages
+        os.environ["MSA_PAGED_TILE_KEYS"] = "32" if stages == "32 keys" else "auto"
         prob = problem(rng, [300, 9], [1000, 9], pattern=pattern, num_kv_heads=1)
         o, lse = run_gpu(msa.plan_prefill(prob.qo_lens, prob.kv_lens, qo_offset=prob.qo_offset,
                                           num_qo_heads=prob.num_qo_heads, num_kv_heads=prob.num_kv_heads,
@@ -317,7 +341,7 @@ def _sanitizer_case():
         o_ref, lse_ref = mt.ref_attention(prob)
         mt.assert_close(o, o_ref)
         mt.assert_lse_close(lse, lse_ref)
-        print(f"{mode:8s} {pattern:10s} kv_stages={stages} ok", flush=True)
+        print(f"{mode:8s} {pattern:10s} stages={stages} ok", flush=True)
 
 
 if __name__ == "__main__":
