@@ -5,16 +5,20 @@
 // query head g*G + r % GP; rows with r % GP >= G are padding). Keys stream through shared memory in
 // tiles of KEYS keys (K and V, one cp.async stage each).
 //
-// Warps: ROWS / 16 row groups x WK key groups. With 16 rows (one decode token of a 16-head group)
+// Warps: ROWS / (16 x MT) row groups x WK key groups. With 16 rows (one decode token of a 16-head group)
 // the 4 warps split each key tile (16 keys each) and their softmax states are combined at the end;
-// with 64 / 128 rows each warp owns 16 rows and sees every key of the tile.
+// with 64 rows each warp owns 16 rows and sees every key of the tile; 128-row tiles at D <= 128 (the
+// portable prefill's) have 4 warps of 32 rows (MT = 2 m-tiles: FlashAttention-2's shape, 5-14% faster
+// than 8 warps of 16 rows on the H200, docs/prefill_portable.md).
 //
 // Why these numbers (H200: 132 SMs, 228 KB shared memory per SM, ~16 B/clk/SM of HBM at the copy
 // ceiling, ~1.5 us load latency => ~48-64 KB must be in flight per SM):
 //  * a key tile of D=128 is 64 keys x 256 B x 2 (K, V) = 32 KB; 3 stages = 96 KB keep 2 tiles
 //    (64 KB) in flight per CTA while the third is consumed, and ~100 KB per CTA fits 2 CTAs per SM,
 //    so 128 KB are in flight per SM and one CTA's prologue hides behind the other's loads;
-//  * D=256 halves KEYS to keep 32 KB stages; D=64 keeps 64 keys (16 KB stages) with 4 stages.
+//  * D=256 halves KEYS to keep 32 KB stages; D=64 keeps 64 keys (16 KB stages) with 4 stages;
+//  * the 4-warp 128-row tiles keep Q in shared memory (32 KB) and run 2 stages of 64 keys (~101 KB, 2
+//    CTAs per SM on the H200) or, where two such CTAs do not fit (A100, sm_86 / 89 / 120), 32-key stages.
 #pragma once
 
 #include <cstddef>

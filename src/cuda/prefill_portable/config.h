@@ -39,9 +39,10 @@ inline constexpr int kMinGroup = 8;       // G >= 8: at most 16 tokens a job (th
 
 // The per-tile choice (KvMajorRule::kWideUnion): KV-major when the union of a tile's blocks exceeds this many
 // quarters of its tokens' mean selection count. Measured on the H200 running sm_80 code (M3-TP1, quick bench,
-// docs/prefill_portable.md): the paged kernel runs ~230-240 TFLOP/s of block-steps (`shared`), the KV-major
-// kernel ~180-190 of useful work whatever the pattern, so KV-major wins past a ratio of ~1.3: `clustered`
-// (~1.6) goes KV-major (P-chunk 179.6 vs 166.8), `shared` (1.0) stays on the paged kernel (227.4 vs 188.0).
+// docs/prefill_portable.md): the paged kernel runs ~250-270 TFLOP/s of block-steps (`shared`), the KV-major
+// kernel ~180-190 of useful work whatever the pattern, so KV-major wins past a ratio of ~1.4: `clustered`
+// (~1.6) goes KV-major (P-chunk 181.5 vs 126-130 all on the paged kernel), `shared` (1.0) stays on the paged
+// kernel (254.1 vs 188.0).
 inline constexpr int kKvMajorUnionRatioX4 = 5;
 
 // Item records (kernel.cuh: 3 slots, each with its item's <= 64 {q row, window entry} pairs).
