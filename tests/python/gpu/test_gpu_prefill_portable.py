@@ -211,6 +211,19 @@ def test_fp8_kv(rng, monkeypatch, mode, dtype, interleaved):
     mt.assert_lse_close(lse, lse_ref)
 
 
+def check_kv(plan, prob, kv):
+    """check() on the bf16 cache, or on its e4m3 copy in two pools (K_SCALE, V_SCALE) against the dequantized
+    reference."""
+    if kv == "bf16":
+        check(plan, prob)
+        return
+    k8, v8, kd, vd = mt.fp8_kv(prob, K_SCALE, V_SCALE)
+    o, lse = run_gpu(plan, prob, k=to_device_fp8(k8), v=to_device_fp8(v8), k_scale=K_SCALE, v_scale=V_SCALE)
+    o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
+    mt.assert_close(o, o_ref)
+    mt.assert_lse_close(lse, lse_ref)
+
+
 @pytest.mark.parametrize("pattern", ["random", "shared"])
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
 def test_one_kv_stage(rng, monkeypatch, pattern, kv):
@@ -220,14 +233,7 @@ def test_one_kv_stage(rng, monkeypatch, pattern, kv):
     prob = problem(rng, [700, 129, 5], [3000, 129, 900], num_kv_heads=2, pattern=pattern, neg_slot_prob=0.2)
     plan = plan_for(prob, monkeypatch, "kvmajor", window_tiles=16)
     assert plan.describe()["kv_stages"] == "1", plan.describe()
-    if kv == "bf16":
-        check(plan, prob)
-        return
-    k8, v8, kd, vd = mt.fp8_kv(prob, K_SCALE, V_SCALE)
-    o, lse = run_gpu(plan, prob, k=to_device_fp8(k8), v=to_device_fp8(v8), k_scale=K_SCALE, v_scale=V_SCALE)
-    o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
-    mt.assert_close(o, o_ref)
-    mt.assert_lse_close(lse, lse_ref)
+    check_kv(plan, prob, kv)
 
 
 @pytest.mark.parametrize("pattern", [None, "shared", "clustered"])
@@ -242,14 +248,7 @@ def test_paged_tile_keys_32(rng, monkeypatch, pattern, kv):
     plan = plan_for(prob, monkeypatch, "qmajor")
     d = plan.describe()
     assert d["rows"] == "128" and d["keys"] == "32", d
-    if kv == "bf16":
-        check(plan, prob)
-        return
-    k8, v8, kd, vd = mt.fp8_kv(prob, K_SCALE, V_SCALE)
-    o, lse = run_gpu(plan, prob, k=to_device_fp8(k8), v=to_device_fp8(v8), k_scale=K_SCALE, v_scale=V_SCALE)
-    o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
-    mt.assert_close(o, o_ref)
-    mt.assert_lse_close(lse, lse_ref)
+    check_kv(plan, prob, kv)
 
 
 @pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
