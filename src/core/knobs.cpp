@@ -36,12 +36,13 @@ constexpr Knob kTable[] = {
      "The K/V stages of the portable KV-major prefill kernel: auto as the device's shared memory allows (2 on "
      "sm_80 / sm_90, 1 on the 99 KiB parts: sm_86, sm_89, sm_120); 1 one stage everywhere.",
      "Tests run the one-stage kernel, which the RTX and L40S parts run, on the H200."},
-    {"MSA_PAGED_TILE_KEYS",
-     {"auto", "32"},
-     "The keys per pipeline stage of the paged kernel's 128-row tiles at head dim 128 (the portable prefill's "
-     "query-major tiles): auto 64 where two CTAs of them fit an SM (H100 / H200), else 32 (A100, sm_86, sm_89, "
-     "sm_120); 32 on every device.",
-     "Tests run the 32-key tiles, which the A100, L40S and RTX parts run, on the H200."},
+    {"MSA_PAGED_TILE_SHAPE",
+     {"auto", "keys32", "warps8"},
+     "The paged kernel's 128-row tiles at head dim <= 128 (the portable prefill's query-major tiles): auto 4 "
+     "warps of 32 rows with 64-key stages where two CTAs of them fit an SM (H100 / H200), else with 32-key "
+     "stages where two of those do (A100, head dim 128), else 8 warps of 16 rows (sm_86, sm_89, sm_120); keys32 "
+     "the 32-key stages (head dim 128), warps8 the 8 warps, on every device.",
+     "Tests run the tiles that the A100, L40S and RTX parts run on the H200."},
     {"MSA_SM90_KV_WINDOW_TILES",
      {nullptr, nullptr, nullptr},
      "The most tiles of a KV-major window, of the Hopper prefill and of the portable one (unset: as many as "
@@ -106,11 +107,11 @@ constexpr int kPrefill = find("MSA_SM90_PREFILL");
 constexpr int kPortable = find("MSA_PORTABLE_PREFILL");
 constexpr int kPortableStages = find("MSA_PORTABLE_KV_STAGES");
 constexpr int kWindowTiles = find("MSA_SM90_KV_WINDOW_TILES");
-constexpr int kTileKeys = find("MSA_PAGED_TILE_KEYS");
+constexpr int kTileShape = find("MSA_PAGED_TILE_SHAPE");
 constexpr int kTokenKernel = find("MSA_PAGED_TOKEN_KERNEL");
 constexpr int kIndexerPrefill = find("MSA_INDEXER_PREFILL");
 constexpr int kIndexerDecode = find("MSA_INDEXER_DECODE");
-static_assert(kPrefill >= 0 && kPortable >= 0 && kPortableStages >= 0 && kWindowTiles >= 0 && kTileKeys >= 0 && kTokenKernel >= 0 && kIndexerPrefill >= 0 && kIndexerDecode >= 0,
+static_assert(kPrefill >= 0 && kPortable >= 0 && kPortableStages >= 0 && kWindowTiles >= 0 && kTileShape >= 0 && kTokenKernel >= 0 && kIndexerPrefill >= 0 && kIndexerDecode >= 0,
               "every accessor's variable is in the table");
 
 }  // namespace
@@ -127,7 +128,9 @@ PortablePrefill portable_prefill(const char* fn) {
 
 bool portable_one_kv_stage(const char* fn) { return read(kPortableStages, fn) == 1; }
 
-bool paged_tile_keys_32(const char* fn) { return read(kTileKeys, fn) == 1; }
+PagedTileShape paged_tile_shape(const char* fn) {
+  return static_cast<PagedTileShape>(read(kTileShape, fn));  // choices in the enum's order
+}
 
 int64_t kv_window_tiles(const char* fn) { return read(kWindowTiles, fn); }
 

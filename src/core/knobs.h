@@ -34,8 +34,10 @@ PortablePrefill portable_prefill(const char* fn);
 // MSA_PORTABLE_KV_STAGES=1: the portable KV-major kernel with one K/V stage on every device.
 bool portable_one_kv_stage(const char* fn);
 
-// MSA_PAGED_TILE_KEYS=32: the paged kernel's 128-row tiles at head dim 128 with 32-key stages on every device.
-bool paged_tile_keys_32(const char* fn);
+// MSA_PAGED_TILE_SHAPE: the paged kernel's 128-row tiles at head dim <= 128 (config.cuh): as the device allows,
+// 4 warps of 32 rows with 32-key stages (head dim 128), or 8 warps of 16 rows.
+enum class PagedTileShape { kAuto, kKeys32, kWarps8 };
+PagedTileShape paged_tile_shape(const char* fn);
 
 // MSA_SM90_KV_WINDOW_TILES: the most tiles of a KV-major window; 0 when unset (no cap).
 int64_t kv_window_tiles(const char* fn);

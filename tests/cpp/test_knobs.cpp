@@ -60,10 +60,10 @@ TEST(Knobs, DefaultsWhenUnsetOrEmpty) {
   for (const char* v : {static_cast<const char*>(nullptr), ""}) {
     ScopedEnv a("MSA_SM90_PREFILL", v), b("MSA_SM90_KV_WINDOW_TILES", v), c("MSA_PAGED_TOKEN_KERNEL", v),
         d("MSA_INDEXER_PREFILL", v), e("MSA_INDEXER_DECODE", v), f("MSA_PORTABLE_KV_STAGES", v),
-        g("MSA_PAGED_TILE_KEYS", v);
+        g("MSA_PAGED_TILE_SHAPE", v);
     EXPECT_EQ(knobs::prefill_decomposition("f"), knobs::PrefillDecomposition::kAuto);
     EXPECT_FALSE(knobs::portable_one_kv_stage("f"));
-    EXPECT_FALSE(knobs::paged_tile_keys_32("f"));
+    EXPECT_EQ(knobs::paged_tile_shape("f"), knobs::PagedTileShape::kAuto);
     EXPECT_EQ(knobs::kv_window_tiles("f"), 0);
     EXPECT_TRUE(knobs::token_decode_kernel("f"));
     EXPECT_FALSE(knobs::indexer_portable_prefill("f"));
@@ -93,12 +93,12 @@ TEST(Knobs, AcceptedValues) {
     EXPECT_FALSE(knobs::portable_one_kv_stage("f"));
   }
   {
-    ScopedEnv e("MSA_PAGED_TILE_KEYS", "32");
-    EXPECT_TRUE(knobs::paged_tile_keys_32("f"));
+    ScopedEnv e("MSA_PAGED_TILE_SHAPE", "keys32");
+    EXPECT_EQ(knobs::paged_tile_shape("f"), knobs::PagedTileShape::kKeys32);
   }
   {
-    ScopedEnv e("MSA_PAGED_TILE_KEYS", "auto");
-    EXPECT_FALSE(knobs::paged_tile_keys_32("f"));
+    ScopedEnv e("MSA_PAGED_TILE_SHAPE", "warps8");
+    EXPECT_EQ(knobs::paged_tile_shape("f"), knobs::PagedTileShape::kWarps8);
   }
   {
     ScopedEnv e("MSA_SM90_KV_WINDOW_TILES", "24");

@@ -18,7 +18,8 @@
 //    so 128 KB are in flight per SM and one CTA's prologue hides behind the other's loads;
 //  * D=256 halves KEYS to keep 32 KB stages; D=64 keeps 64 keys (16 KB stages) with 4 stages;
 //  * the 4-warp 128-row tiles keep Q in shared memory (32 KB) and run 2 stages of 64 keys (~101 KB, 2
-//    CTAs per SM on the H200) or, where two such CTAs do not fit (A100, sm_86 / 89 / 120), 32-key stages.
+//    CTAs per SM on the H200), or 32-key stages where two such CTAs do not fit (A100); where no two 4-warp
+//    CTAs fit at all (sm_86 / 89 / 120), the 8-warp tiles of 16 rows (plan.cu).
 #pragma once
 
 #include <cstddef>
@@ -31,20 +32,23 @@ constexpr int kMaxTileTokens = 64;    // tokens per tile: one bit each in a 64-b
 constexpr int kMaxListEntries = 8192; // token x topk entries sorted per tile (decode: <= 8 x topk)
 constexpr int kMaxSplits = 64;        // cap of the split count (workspace, and the last CTA's merge length)
 
-// Keys per pipeline stage: 64, 32 at D=256 (32 KB stages). The 128-row tiles at D=128 also come with
-// 32-key stages, for devices that cannot hold two CTAs of 64-key stages on an SM (plan.cu).
+// Keys per pipeline stage: 64, 32 at D=256 (32 KB stages).
 __host__ __device__ constexpr int default_tile_keys(int d) { return d == 256 ? 32 : 64; }
+// 16-row m-tiles per warp: 2 for 128-row tiles at D <= 128 (prefill: FlashAttention-2's shape, 4 warps of
+// 32 rows, so that every K / V fragment feeds two MMAs; Q stays in shared memory and 2 CTAs share an SM),
+// else 1. Devices that cannot hold two such CTAs on an SM take other instances (plan.cu): 32-key stages
+// at D=128 where two of those fit (A100), else one m-tile a warp (8 warps of 16 rows: sm_86 / 89 / 120).
+__host__ __device__ constexpr int default_tile_mtiles(int d, int rows) { return rows == 128 && d <= 128 ? 2 : 1; }
 
-template <int D, int ROWS, int KEYS = default_tile_keys(D)>
+template <int D, int ROWS, int KEYS = default_tile_keys(D), int MT = default_tile_mtiles(D, ROWS)>
 struct TileConfig {
   static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
   static_assert(ROWS == 16 || ROWS == 64 || ROWS == 128, "16, 64 or 128 rows");
   static_assert(KEYS == 32 || KEYS == 64, "32 or 64 keys a stage");
+  static_assert(MT == 1 || (MT == 2 && ROWS == 128 && D <= 128), "two m-tiles a warp: 128 rows, D <= 128");
   static constexpr int kHeadDim = D;
   static constexpr int kRows = ROWS;
-  // 128-row tiles (prefill) at D <= 128: FlashAttention-2's shape, 4 warps of 32 rows (two m-tiles), so
-  // that every K / V fragment feeds two MMAs; Q stays in shared memory and 2 CTAs share an SM.
-  static constexpr int kMTiles = ROWS == 128 && D <= 128 ? 2 : 1;  // 16-row m-tiles per warp
+  static constexpr int kMTiles = MT;  // 16-row m-tiles per warp
   static constexpr int kKeys = KEYS;
   static constexpr int kRowGroups = ROWS / (16 * kMTiles);     // warps along rows
   static constexpr int kKeyGroups = ROWS == 16 ? kKeys / 16 : 1;  // warps along the keys of a tile
@@ -98,9 +102,9 @@ __host__ __device__ constexpr uint32_t align_up(uint32_t x, uint32_t a) { return
 
 // fp8: num_stages fp8 stages (half the bytes each) after one 16-bit tile they are converted into
 // (fp8_tile.cuh).
-template <int D, int ROWS, int KEYS>
+template <int D, int ROWS, int KEYS, int MT>
 __host__ __device__ inline SmemLayout smem_layout(int num_stages, int list_cap, bool fp8 = false) {
-  using C = TileConfig<D, ROWS, KEYS>;
+  using C = TileConfig<D, ROWS, KEYS, MT>;
   SmemLayout s;
   const uint32_t stage_bytes = 2u * C::kKeys * D * 2u;
   uint32_t off = 0;

@@ -85,10 +85,10 @@ __device__ bool find_scan_tile(const SeqParams& s, int tile_tokens, int64_t x, i
 }
 
 // T: q's and o's type; KV: the cache's (T, or E4M3: fp8 tiles converted in shared memory, fp8_tile.cuh).
-template <typename T, typename KV, int D, int ROWS, int KEYS>
-__global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS>::kThreads, TileConfig<D, ROWS, KEYS>::kMinBlocksPerSm)
+template <typename T, typename KV, int D, int ROWS, int KEYS, int MT>
+__global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileConfig<D, ROWS, KEYS, MT>::kMinBlocksPerSm)
     paged_attention_kernel(const __grid_constant__ KernelParams kp) {
-  using C = TileConfig<D, ROWS, KEYS>;
+  using C = TileConfig<D, ROWS, KEYS, MT>;
   constexpr bool kF8 = kIsFp8<KV>;
   using PT = PvType<T, KV>;  // P V's MMA type
   constexpr int kThreads = C::kThreads;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS>::kThreads, TileConfi
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wr = warp / kWK, wk = warp % kWK;
   const int NS = kp.num_stages;
-  const SmemLayout L = smem_layout<D, ROWS, KEYS>(NS, kp.list_cap, kF8);
+  const SmemLayout L = smem_layout<D, ROWS, KEYS, MT>(NS, kp.list_cap, kF8);
   int* scratch = reinterpret_cast<int*>(smem + L.scratch);
   constexpr uint32_t kRowBytes = D * 2;  // one K/V/Q row in shared memory
   constexpr uint32_t kStageBytes = kStageElems * 2;  // a 16-bit K + V tile
@@ -732,23 +732,29 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS>::kThreads, TileConfi
   if (tid == 0) kp.counters[item] = 0;  // ready for the next launch (graph replays reuse the plan)
 }
 
-// Kernel entry points of one (dtype, cache dtype, head dim) for the row counts and keys per stage (0: the
-// default); instantiated per .cu file. 32-key 128-row tiles exist at D=128 only.
+// Kernel entry points of one (dtype, cache dtype, head dim) for the row counts, keys per stage and m-tiles per
+// warp (0: the defaults, config.cuh); nullptr for a combination with no instance. Instantiated per .cu file.
 template <typename T, typename KV, int D>
-const void* kernel_for_rows(int rows, int keys) {
-  constexpr int kDefault = default_tile_keys(D);
-  if (keys == 0) keys = kDefault;
-  switch (rows) {
-    case 16: return keys == kDefault ? reinterpret_cast<const void*>(&paged_attention_kernel<T, KV, D, 16, kDefault>) : nullptr;
-    case 64: return keys == kDefault ? reinterpret_cast<const void*>(&paged_attention_kernel<T, KV, D, 64, kDefault>) : nullptr;
-    case 128:
-      if (keys == kDefault) return reinterpret_cast<const void*>(&paged_attention_kernel<T, KV, D, 128, kDefault>);
-      if constexpr (D == 128) {
-        if (keys == 32) return reinterpret_cast<const void*>(&paged_attention_kernel<T, KV, D, 128, 32>);
-      }
-      return nullptr;
-    default: return nullptr;
+const void* kernel_for_rows(int rows, int keys, int mtiles) {
+  constexpr int kKeys = default_tile_keys(D);
+  keys = keys == 0 ? kKeys : keys;
+  mtiles = mtiles == 0 ? default_tile_mtiles(D, rows) : mtiles;
+  const auto entry = [](auto kernel) { return reinterpret_cast<const void*>(kernel); };
+  if (keys == kKeys && mtiles == 1) {
+    switch (rows) {
+      case 16: return entry(&paged_attention_kernel<T, KV, D, 16, kKeys, 1>);
+      case 64: return entry(&paged_attention_kernel<T, KV, D, 64, kKeys, 1>);
+      case 128: return entry(&paged_attention_kernel<T, KV, D, 128, kKeys, 1>);
+      default: return nullptr;
+    }
   }
+  if constexpr (D <= 128) {
+    if (rows == 128 && mtiles == 2 && keys == kKeys) return entry(&paged_attention_kernel<T, KV, D, 128, kKeys, 2>);
+  }
+  if constexpr (D == 128) {
+    if (rows == 128 && mtiles == 2 && keys == 32) return entry(&paged_attention_kernel<T, KV, D, 128, 32, 2>);
+  }
+  return nullptr;
 }
 
 }  // namespace msa::detail::cuda::decode

@@ -2,5 +2,5 @@
 #include "cuda/decode/kernel.cuh"
 
 namespace msa::detail::cuda::decode {
-template const void* kernel_for_rows<__nv_bfloat16, __nv_bfloat16, 128>(int, int);
+template const void* kernel_for_rows<__nv_bfloat16, __nv_bfloat16, 128>(int, int, int);
 }  // namespace msa::detail::cuda::decode

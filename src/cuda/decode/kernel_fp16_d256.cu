@@ -2,5 +2,5 @@
 #include "cuda/decode/kernel.cuh"
 
 namespace msa::detail::cuda::decode {
-template const void* kernel_for_rows<__half, __half, 256>(int, int);
+template const void* kernel_for_rows<__half, __half, 256>(int, int, int);
 }  // namespace msa::detail::cuda::decode

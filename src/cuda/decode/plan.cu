@@ -28,6 +28,7 @@ namespace {
 // Host view of one TileConfig instance. `stages` counts 16-bit stages; the fp8 instances of a plan run
 // fp8_stages(stages) fp8 stages in about the same bytes (fp8_tile.cuh), and every figure below holds for both.
 struct TileFacts {
+  int keys, mtiles;     // the instance: keys per stage, 16-row m-tiles per warp (kernel_entry)
   int threads;
   int max_stages;
   int min_ctas_per_sm;  // the CTAs per SM the tile is shaped for (its __launch_bounds__)
@@ -36,24 +37,24 @@ struct TileFacts {
   bool (*part_fits)(int stages, int list_cap);        // a split's rows fit beside the epilogue
 };
 // The 16-bit and the fp8 layouts of `stages` 16-bit stages.
-template <int D, int ROWS, int KEYS>
+template <int D, int ROWS, int KEYS, int MT>
 std::pair<SmemLayout, SmemLayout> layouts(int stages, int list_cap) {
-  return {smem_layout<D, ROWS, KEYS>(stages, list_cap), smem_layout<D, ROWS, KEYS>(fp8_stages(stages), list_cap, true)};
+  return {smem_layout<D, ROWS, KEYS, MT>(stages, list_cap), smem_layout<D, ROWS, KEYS, MT>(fp8_stages(stages), list_cap, true)};
 }
-template <int D, int ROWS, int KEYS = default_tile_keys(D)>
+template <int D, int ROWS, int KEYS = default_tile_keys(D), int MT = default_tile_mtiles(D, ROWS)>
 TileFacts facts_of() {
-  using C = TileConfig<D, ROWS, KEYS>;
-  return {C::kThreads, C::kMaxStages, C::kMinBlocksPerSm,
+  using C = TileConfig<D, ROWS, KEYS, MT>;
+  return {KEYS, MT, C::kThreads, C::kMaxStages, C::kMinBlocksPerSm,
           [](int stages, int list_cap) {
-            const auto [a, b] = layouts<D, ROWS, KEYS>(stages, list_cap);
+            const auto [a, b] = layouts<D, ROWS, KEYS, MT>(stages, list_cap);
             return std::max(a.total, b.total);
           },
           [](int stages, int list_cap) {
-            const auto [a, b] = layouts<D, ROWS, KEYS>(stages, list_cap);
+            const auto [a, b] = layouts<D, ROWS, KEYS, MT>(stages, list_cap);
             return std::min(a.ring_off, b.ring_off);
           },
           [](int stages, int list_cap) {
-            const auto [a, b] = layouts<D, ROWS, KEYS>(stages, list_cap);
+            const auto [a, b] = layouts<D, ROWS, KEYS, MT>(stages, list_cap);
             return a.part_end <= a.ring_off && b.part_end <= b.ring_off;
           }};
 }
@@ -69,13 +70,18 @@ constexpr KernelVariant kVariants[] = {{ScalarType::kBF16, ScalarType::kBF16},
                                        {ScalarType::kF16, ScalarType::kF8E4M3}};
 
 template <int D>
-TileFacts facts_for_rows(int rows) {
+TileFacts facts_for_rows(int rows, bool one_mtile) {
+  if (rows == 128 && one_mtile) return facts_of<D, 128, default_tile_keys(D), 1>();
   return rows == 16 ? facts_of<D, 16>() : (rows == 64 ? facts_of<D, 64>() : facts_of<D, 128>());
 }
-// keys: default_tile_keys(head_dim), or 32 for 128 rows at head dim 128 (kernel_for_rows).
-TileFacts tile_facts(int head_dim, int rows, int keys) {
-  if (keys == 32 && rows == 128 && head_dim == 128) return facts_of<128, 128, 32>();
-  return head_dim == 64 ? facts_for_rows<64>(rows) : (head_dim == 128 ? facts_for_rows<128>(rows) : facts_for_rows<256>(rows));
+// The instances kernel_for_rows holds: the defaults (config.cuh), 128 rows at head dim <= 128 with one m-tile a
+// warp (narrow = false, one_mtile = true), and at head dim 128 with 32-key stages (narrow = true).
+TileFacts tile_facts(int head_dim, int rows, bool narrow, bool one_mtile) {
+  if (narrow && rows == 128 && head_dim == 128) return facts_of<128, 128, 32, 2>();
+  one_mtile = one_mtile && head_dim <= 128;
+  return head_dim == 64    ? facts_for_rows<64>(rows, one_mtile)
+         : head_dim == 128 ? facts_for_rows<128>(rows, one_mtile)
+                           : facts_for_rows<256>(rows, false);
 }
 
 // Per-device facts and per-kernel attributes, cached: plan() for decode must stay within ~20 us.
@@ -280,6 +286,7 @@ std::string describe(const State& s) {
   if (!s.unsupported.empty()) return "paged=unsupported";
   std::string out = s.token_kernel ? "paged=token"
                                     : "paged=general rows=" + std::to_string(s.rows) + " keys=" + std::to_string(s.keys) +
+                                          " warp_rows=" + std::to_string(16 * s.mtiles) +
                                           " tile_tokens=" + std::to_string(s.tile_tokens);
   out += " splits=" + std::to_string(s.splits);
   if (s.fixed_split_blocks > 0) out += " fixed_split_blocks=" + std::to_string(s.fixed_split_blocks);
@@ -333,29 +340,38 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
     list_cap = static_cast<int>(std::bit_ceil(static_cast<unsigned>(tile_tokens * c.topk)));
   }
 
-  // CTAs per SM of the instance (rows, keys) with `stages` stages: the least over the kernel variants.
+  // CTAs per SM of an instance with `stages` stages: the least over the kernel variants.
   const int optin = smem_optin(dev.device);
-  const auto ctas_per_sm = [&](const TileFacts& f, int keys, int stages) {
+  const auto ctas_per_sm = [&](const TileFacts& f, int stages) {
     int fit = INT32_MAX;
     for (const KernelVariant v : kVariants)
-      fit = std::min(fit, prepare_kernel(dev.device, kernel_entry(v.dtype, v.kv_dtype, D, rows, keys), f.threads,
-                                         f.smem_bytes(stages, list_cap)));
+      fit = std::min(fit, prepare_kernel(dev.device, kernel_entry(v.dtype, v.kv_dtype, D, rows, f.keys, f.mtiles),
+                                         f.threads, f.smem_bytes(stages, list_cap)));
     return fit;
   };
-  // Keys per stage: the 4-warp 128-row tiles at D=128 take 64 where two of their CTAs fit an SM at 2 stages
-  // (H100 / H200), else 32 (A100: 164 KB a SM; sm_86 / 89 / 120: 100 KB, where one 64-key CTA does not even
-  // fit). On the H200 the 64-key stages measured 5-8% faster (docs/prefill_portable.md).
-  int keys = default_tile_keys(D);
-  if (rows == 128 && D == 128) {
-    const TileFacts wide = tile_facts(D, rows, keys);
-    const bool wide_fits = wide.smem_bytes(2, list_cap) <= static_cast<uint32_t>(optin) &&
-                           ctas_per_sm(wide, keys, 2) >= wide.min_ctas_per_sm;
-    if (!wide_fits || knobs::paged_tile_keys_32(fn)) keys = 32;
+  const auto two_fit = [&](const TileFacts& f) {  // two CTAs a SM at 2 stages
+    return f.smem_bytes(2, list_cap) <= static_cast<uint32_t>(optin) && ctas_per_sm(f, 2) >= 2;
+  };
+  // The 128-row tiles at D <= 128: 4 warps of 32 rows with 64-key stages where two of their CTAs fit an SM at 2
+  // stages (H100 / H200: 5-14% faster than 8 warps of 16 rows there), else with 32-key stages where two of
+  // those fit (A100; at D=128), else 8 warps of 16 rows (sm_86 / 89 / 120, 100 KB a SM: one CTA of 4 warps
+  // would leave a scheduler one warp). MSA_PAGED_TILE_SHAPE picks one for the tests (docs/prefill_portable.md).
+  TileFacts facts = tile_facts(D, rows, false, false);
+  if (facts.mtiles == 2) {
+    const TileFacts narrow = tile_facts(D, rows, true, false);  // the default again below D=128
+    const TileFacts eight_warps = tile_facts(D, rows, false, true);
+    switch (knobs::paged_tile_shape(fn)) {
+      case knobs::PagedTileShape::kAuto:
+        if (!two_fit(facts)) facts = narrow.keys < facts.keys && two_fit(narrow) ? narrow : eight_warps;
+        break;
+      case knobs::PagedTileShape::kKeys32: facts = narrow; break;
+      case knobs::PagedTileShape::kWarps8: facts = eight_warps; break;
+    }
   }
-  const TileFacts facts = tile_facts(D, rows, keys);
   st->head_dim = D;
   st->rows = rows;
-  st->keys = keys;
+  st->keys = facts.keys;
+  st->mtiles = facts.mtiles;
   st->threads = facts.threads;
   st->group_pad = GP;
   st->tile_tokens = tile_tokens;
@@ -379,8 +395,8 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   int stages = facts.max_stages;
   while (stages > 2 && facts.smem_bytes(stages, list_cap) > static_cast<uint32_t>(optin)) --stages;
   if (facts.smem_bytes(stages, list_cap) <= static_cast<uint32_t>(optin)) {
-    while (stages > 2 && ctas_per_sm(facts, keys, stages) < facts.min_ctas_per_sm &&
-           ctas_per_sm(facts, keys, stages - 1) > ctas_per_sm(facts, keys, stages))
+    while (stages > 2 && ctas_per_sm(facts, stages) < facts.min_ctas_per_sm &&
+           ctas_per_sm(facts, stages - 1) > ctas_per_sm(facts, stages))
       --stages;
   }
   const uint32_t smem = facts.smem_bytes(stages, list_cap);
@@ -390,7 +406,7 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   st->stages = stages;
   st->smem_bytes = smem;
   st->stages_fp8 = fp8_stages(stages);
-  const int per_sm = ctas_per_sm(facts, keys, stages);
+  const int per_sm = ctas_per_sm(facts, stages);
   MSA_CHECK(per_sm >= 1, kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ", D, " and ", rows,
             " rows does not fit on ", device_name(plan.device()));
 
@@ -434,7 +450,7 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
     if (dev.cc < 90 || n < 2 || n > kMaxClusterSplits || !facts.part_fits(stages, list_cap)) return 0;
     int fit = INT32_MAX;
     for (const KernelVariant v : kVariants) {
-      const void* fn = kernel_entry(v.dtype, v.kv_dtype, D, rows, keys);
+      const void* fn = kernel_entry(v.dtype, v.kv_dtype, D, rows, facts.keys, facts.mtiles);
       fit = std::min(fit, clusters_that_fit(dev.device, fn, st->threads, smem, static_cast<int>(n)));
     }
     return fit;

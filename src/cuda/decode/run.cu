@@ -14,7 +14,7 @@ namespace msa::detail::cuda::decode {
 void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream, const int32_t* skip_items) {
   MSA_CHECK(s.unsupported.empty(), kNotImplemented, s.unsupported);
   const void* fn = s.token_kernel ? token_kernel_entry(p.dtype, p.kv_dtype, s.push_merge)
-                                  : kernel_entry(p.dtype, p.kv_dtype, s.head_dim, s.rows, s.keys);
+                                  : kernel_entry(p.dtype, p.kv_dtype, s.head_dim, s.rows, s.keys, s.mtiles);
   MSA_CHECK(fn != nullptr, kType, "msa.attention: arguments 'q' / 'k': the CUDA paged attention kernels take bfloat16 "
             "or float16 q with K/V of q's dtype or fp8 e4m3, got scalar types ", static_cast<int>(p.dtype), " / ",
             static_cast<int>(p.kv_dtype));

@@ -19,6 +19,7 @@ struct State {
   int head_dim = 0;
   int rows = 0;            // MMA rows per CTA: 16, 64 or 128
   int keys = 0;            // keys per pipeline stage (config.cuh, TileConfig)
+  int mtiles = 1;          // 16-row m-tiles per warp (TileConfig)
   int threads = 0;
   int group_pad = 1;       // GQA group padded to a power of two (rows per token)
   int tile_tokens = 1;     // query tokens per tile

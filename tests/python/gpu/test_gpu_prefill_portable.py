@@ -236,18 +236,19 @@ def test_one_kv_stage(rng, monkeypatch, pattern, kv):
     check_kv(plan, prob, kv)
 
 
+@pytest.mark.parametrize("shape,warp_rows,keys", [("keys32", "32", "32"), ("warps8", "16", "64")])
 @pytest.mark.parametrize("pattern", [None, "shared", "clustered"])
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
-def test_paged_tile_keys_32(rng, monkeypatch, pattern, kv):
-    """MSA_PAGED_TILE_KEYS=32: the paged kernel's 128-row tiles with 32-key stages, which the A100, L40S and RTX
-    parts run (the H200 takes 64-key stages), on the query-major tiles: dense and sparse, a cached prefix, a
-    ragged batch with an empty request, both page sizes."""
-    monkeypatch.setenv("MSA_PAGED_TILE_KEYS", "32")
+def test_paged_tile_shapes(rng, monkeypatch, shape, warp_rows, keys, pattern, kv):
+    """MSA_PAGED_TILE_SHAPE: the paged kernel's 128-row tiles as the A100 (4 warps of 32 rows, 32-key stages) and
+    the sm_86 / 89 / 120 parts (8 warps of 16 rows) run them (the H200 takes 64-key stages), on the query-major
+    tiles: dense and sparse, a cached prefix, a ragged batch with an empty request, both page sizes."""
+    monkeypatch.setenv("MSA_PAGED_TILE_SHAPE", shape)
     page = 256 if pattern == "clustered" else 128
     prob = problem(rng, **RAGGED, num_kv_heads=2, pattern=pattern, page_size=page, empty_row_prob=0.05)
     plan = plan_for(prob, monkeypatch, "qmajor")
     d = plan.describe()
-    assert d["rows"] == "128" and d["keys"] == "32", d
+    assert (d["rows"], d["warp_rows"], d["keys"]) == ("128", warp_rows, keys), d
     check_kv(plan, prob, kv)
 
 
@@ -326,12 +327,12 @@ def _sanitizer_case():
     """One small sparse case per decomposition: the launches compute-sanitizer watches. KV-major items span
     several jobs and CTAs claim several items (every K/V stage and item record reused)."""
     rng = np.random.default_rng(0)
-    for mode, pattern, stages in (("qmajor", "clustered", "auto"), ("qmajor", "shared", "32 keys"),
-                                  ("kvmajor", "random", "auto"), ("kvmajor", "shared", "auto"),
-                                  ("kvmajor", "shared", "1")):
+    for mode, pattern, stages in (("qmajor", "clustered", "auto"), ("qmajor", "shared", "keys32"),
+                                  ("qmajor", "shared", "warps8"), ("kvmajor", "random", "auto"),
+                                  ("kvmajor", "shared", "auto"), ("kvmajor", "shared", "1")):
         set_env(mode)
-        os.environ["MSA_PORTABLE_KV_STAGES"] = "auto" if stages == "32 keys" else stages
-        os.environ["MSA_PAGED_TILE_KEYS"] = "32" if stages == "32 keys" else "auto"
+        os.environ["MSA_PORTABLE_KV_STAGES"] = stages if stages in ("auto", "1") else "auto"
+        os.environ["MSA_PAGED_TILE_SHAPE"] = stages if stages in ("keys32", "warps8") else "auto"
         prob = problem(rng, [300, 9], [1000, 9], pattern=pattern, num_kv_heads=1)
         o, lse = run_gpu(msa.plan_prefill(prob.qo_lens, prob.kv_lens, qo_offset=prob.qo_offset,
                                           num_qo_heads=prob.num_qo_heads, num_kv_heads=prob.num_kv_heads,
