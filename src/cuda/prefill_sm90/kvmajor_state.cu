@@ -88,21 +88,29 @@ KvLists kv_lists_of(const KvListState& s) {
   return L;
 }
 
+namespace {
+// The fields the tile-list and key-list passes share: lengths, schedule, the selection and the per-tile path.
+template <typename Params>
+void fill_selection(Params& q, const KvListState& s, const AttentionParams& p) {
+  q.seqs = p.seqs;
+  q.sched = schedule_of(s);
+  q.causal = s.causal;
+  q.block_idx = p.block_idx;
+  q.bi_stride_token = p.bi_stride_token;
+  q.bi_stride_head = p.bi_stride_head;
+  q.bi_stride_k = p.bi_stride_k;
+  q.kv_major = ptr<int32_t>(s.kv_major);
+}
+}  // namespace
+
 TileListParams tile_list_params(const KvListState& s, const AttentionParams& p) {
   TileListParams tl;
-  tl.seqs = p.seqs;
-  tl.sched = schedule_of(s);
-  tl.causal = s.causal;
-  tl.block_idx = p.block_idx;
-  tl.bi_stride_token = p.bi_stride_token;
-  tl.bi_stride_head = p.bi_stride_head;
-  tl.bi_stride_k = p.bi_stride_k;
+  fill_selection(tl, s, p);
   tl.topk = s.topk;
   tl.rule = s.rule;
   tl.union_ratio_x4 = s.union_ratio_x4;
   tl.entries = ptr<int2>(s.list_entries);
   tl.count = ptr<int32_t>(s.list_count);
-  tl.kv_major = ptr<int32_t>(s.kv_major);
   tl.capacity = s.list_capacity;
   if (s.num_windows > 0) {
     tl.window_kv_tiles = ptr<int32_t>(s.counters) + 1 + s.num_windows;
@@ -113,14 +121,7 @@ TileListParams tile_list_params(const KvListState& s, const AttentionParams& p) 
 
 KvListParams kv_list_params(const KvListState& s, const AttentionParams& p) {
   KvListParams lp;
-  lp.seqs = p.seqs;
-  lp.sched = schedule_of(s);
-  lp.causal = s.causal;
-  lp.block_idx = p.block_idx;
-  lp.bi_stride_token = p.bi_stride_token;
-  lp.bi_stride_head = p.bi_stride_head;
-  lp.bi_stride_k = p.bi_stride_k;
-  lp.kv_major = ptr<int32_t>(s.kv_major);
+  fill_selection(lp, s, p);
   lp.lists = kv_lists_of(s);
   return lp;
 }
