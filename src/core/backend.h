@@ -31,6 +31,7 @@ namespace cuda {  // src/cuda/: defined when built with CUDA, otherwise stubs th
 bool available();                // a device of compute capability >= 8.0 is visible
 bool compiled();                 // this build has the CUDA backend
 int sm_count(int device);
+int smem_optin(int device);      // shared memory a CTA may opt into, bytes
 // The compute capability the kernels run as (major * 10 + minor): the device's, or the older arch of this
 // binary's code for it (sm_80 PTX on an H200: 80); 0 where none of its code runs there.
 int compute_capability(int device);

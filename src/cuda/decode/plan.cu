@@ -87,7 +87,6 @@ TileFacts tile_facts(int head_dim, int rows, bool narrow, bool one_mtile) {
 // Per-device facts and per-kernel attributes, cached: plan() for decode must stay within ~20 us.
 struct DeviceCache {
   std::mutex mu;
-  std::map<int, int> smem_optin;                                  // device -> bytes
   std::map<std::pair<int, const void*>, uint32_t> smem_limit_set;  // (device, kernel) -> bytes allowed
   std::map<std::tuple<int, const void*, uint32_t>, int> ctas_per_sm;
   std::map<std::tuple<int, const void*, uint32_t, int>, int> clusters;  // (device, kernel, smem, size) -> fit
@@ -95,17 +94,6 @@ struct DeviceCache {
 DeviceCache& cache() {
   static DeviceCache c;
   return c;
-}
-
-int smem_optin(int device) {
-  auto& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  auto it = c.smem_optin.find(device);
-  if (it != c.smem_optin.end()) return it->second;
-  int v = 0;
-  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  c.smem_optin[device] = v;
-  return v;
 }
 
 // Raises the kernel's dynamic shared-memory cap to `bytes` (the current device is `device`) and

@@ -42,12 +42,6 @@ T* ptr(const DeviceBuffer& b) {
   return static_cast<T*>(b.get());
 }
 
-int smem_optin(int device) {
-  int v = 0;
-  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return v;
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace

@@ -15,6 +15,7 @@ __global__ void code_arch_probe_kernel() {}
 
 struct DeviceInfo {
   int sm_count = 0;
+  int smem_optin = 0;
   // The compute capability the kernels run as on this device: the device's, or the older arch of the code
   // this binary holds for it (sm_80 PTX JIT-compiled on an H200 has none of the sm_90 paths: clusters, PDL,
   // the Hopper kernels), or 0 where it holds none that runs there. Every feature choice reads this.
@@ -29,6 +30,7 @@ const DeviceInfo& info(int device) {
   DeviceInfo& d = cache[device];
   if (!d.known) {
     MSA_CUDA_CHECK(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
+    MSA_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     int major = 0, minor = 0;
     MSA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     MSA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
@@ -60,6 +62,7 @@ bool available() {
 }
 
 int sm_count(int device) { return info(device).sm_count; }
+int smem_optin(int device) { return info(device).smem_optin; }
 int compute_capability(int device) { return info(device).cc; }
 
 int current_compute_capability() {

@@ -13,6 +13,7 @@ namespace {
 bool available() { return false; }
 bool compiled() { return false; }
 int sm_count(int) { return 0; }
+int smem_optin(int) { return 0; }
 int compute_capability(int) { return 0; }
 int current_compute_capability() { return 0; }
 std::shared_ptr<PlanState> make_plan_state(const Plan&) { no_cuda(); }
