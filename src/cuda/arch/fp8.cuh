@@ -3,7 +3,7 @@
 // 16-bit MMAs, as accurate as a 16-bit cache against float64 over the dequantized values.
 //
 // sm_89+ has the instruction (cvt.rn.f16x2.e4m3x2, one per pair: F2FP.F16.E4M3.UNPACK_B). Elsewhere the
-// bits are moved under fp16's (a PRMT, a shift and two LOP3 per pair), which reads value * 2^-8 (the exponent
+// bits are moved under fp16's (a PRMT, a shift and a LOP3 per pair), which reads value * 2^-8 (the exponent
 // biases differ by 8, subnormals included), and the NaN encoding, which would read as 480 * 2^-8, is made an
 // fp16 NaN (two more per word: an fp16 compare and a LOP3; an integer compare of the halves took six; a caller
 // of many words may test their maximum instead, below): e4m3x4_to_f16x4_raw returns that, and
@@ -34,11 +34,26 @@ __device__ __forceinline__ float e4m3_f16_unscale() {
 #endif
 }
 
-// Below sm_89 code: two e4m3 bytes in bits 8-15 and 24-31 of p (the other bits are ignored) moved under fp16's
-// (a shift and two LOP3), without the NaN step: the NaN encoding (low 7 bits 0x7F) reads 0x3F80 (480 * 2^-8),
-// above every finite value (448 -> 0x3F00).
-__device__ __forceinline__ uint32_t e4m3x2_high_bytes_to_f16x2_unchecked(uint32_t p) {
-  return ((p >> 1) & 0x3F803F80u) | (p & 0x80008000u);
+// PRMT with the selector as PTX defines it: a nibble's bit 3 fills the target byte with the selected byte's sign
+// bit (the contract of __byte_perm covers only bits 0-2).
+template <uint32_t kSelector>
+__device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(x), "r"(y), "n"(kSelector));
+  return d;
+}
+
+// Below sm_89 code: bytes kI and kJ of the pair {y, x} (0-3: x's, 4-7: y's) -> an f16x2 word (kI's value in the
+// low half) of value * 2^-8, without the NaN step: the NaN encoding (low 7 bits 0x7F) reads 0x3F80 (480 * 2^-8),
+// above every finite value (448 -> 0x3F00). One PRMT puts each byte in the low byte of its half and its sign bit
+// in every bit of the high byte; a shift by 7 then brings the byte's low 7 bits under fp16's exponent and
+// mantissa and the sign copy to bit 15, and one AND clears the rest (three instructions a pair: moving the byte
+// and its sign separately took four).
+template <uint32_t kI, uint32_t kJ>
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_unchecked(uint32_t x, uint32_t y) {
+  static_assert(kI < 8 && kJ < 8, "byte indices of the pair {y, x}");
+  constexpr uint32_t kSelector = ((kJ | 8u) << 12) | (kJ << 8) | ((kI | 8u) << 4) | kI;
+  return (prmt<kSelector>(x, y) << 7) & 0xBF80BF80u;
 }
 
 // The NaN step of an f16x2 word of the unchecked conversion (below sm_89 code): one fp16 compare of |x| above
@@ -79,8 +94,8 @@ __device__ __forceinline__ uint2 e4m3x4_to_f16x4_unchecked(uint32_t w) {
       : "=r"(r.x), "=r"(r.y)
       : "r"(w));
 #else
-  r.x = e4m3x2_high_bytes_to_f16x2_unchecked(__byte_perm(w, 0u, 0x1404));  // bytes 0,1 into the high byte of each half
-  r.y = e4m3x2_high_bytes_to_f16x2_unchecked(__byte_perm(w, 0u, 0x3424));  // bytes 2,3
+  r.x = e4m3x2_to_f16x2_unchecked<0, 1>(w, 0u);
+  r.y = e4m3x2_to_f16x2_unchecked<2, 3>(w, 0u);
 #endif
   return r;
 }

@@ -89,8 +89,8 @@ struct Fp8TileCopy {
 // V's B fragments of n-tiles 4u .. 4u + 3 from word u of the two row pairs' chunks (rows a0, a1 -> b0; rows
 // c0, c1 -> b1): f16x2 word (byte i of row a0, byte i of row a1) is n-tile 4u + i's, widened (values /
 // e4m3_f16_unscale()) without the NaN step below sm_89 code (the caller checks the tile's words at once). sm_89+:
-// the bytes of two rows joined (PRMT), one instruction per pair; below, one PRMT per word puts the two bytes
-// in the high bytes of its halves, where the bit move wants them (the other bytes are ignored).
+// the bytes of two rows joined (PRMT), one instruction per pair; below, the bit move's own PRMT takes its two
+// bytes from the two rows.
 __device__ __forceinline__ void v_fragments_fp8_unchecked(uint32_t a0, uint32_t a1, uint32_t c0, uint32_t c1,
                                                           uint2 (&b0)[2], uint2 (&b1)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -99,13 +99,11 @@ __device__ __forceinline__ void v_fragments_fp8_unchecked(uint32_t a0, uint32_t 
   b1[0] = arch::e4m3x4_to_f16x4_unchecked(__byte_perm(c0, c1, 0x5140));
   b1[1] = arch::e4m3x4_to_f16x4_unchecked(__byte_perm(c0, c1, 0x7362));
 #else
-  const auto pair = [](uint32_t x, uint32_t y, uint32_t sel) {
-    return arch::e4m3x2_high_bytes_to_f16x2_unchecked(__byte_perm(x, y, sel));
-  };
-  b0[0] = make_uint2(pair(a0, a1, 0x4400), pair(a0, a1, 0x5511));
-  b0[1] = make_uint2(pair(a0, a1, 0x6622), pair(a0, a1, 0x7733));
-  b1[0] = make_uint2(pair(c0, c1, 0x4400), pair(c0, c1, 0x5511));
-  b1[1] = make_uint2(pair(c0, c1, 0x6622), pair(c0, c1, 0x7733));
+  using arch::e4m3x2_to_f16x2_unchecked;
+  b0[0] = make_uint2(e4m3x2_to_f16x2_unchecked<0, 4>(a0, a1), e4m3x2_to_f16x2_unchecked<1, 5>(a0, a1));
+  b0[1] = make_uint2(e4m3x2_to_f16x2_unchecked<2, 6>(a0, a1), e4m3x2_to_f16x2_unchecked<3, 7>(a0, a1));
+  b1[0] = make_uint2(e4m3x2_to_f16x2_unchecked<0, 4>(c0, c1), e4m3x2_to_f16x2_unchecked<1, 5>(c0, c1));
+  b1[1] = make_uint2(e4m3x2_to_f16x2_unchecked<2, 6>(c0, c1), e4m3x2_to_f16x2_unchecked<3, 7>(c0, c1));
 #endif
 }
 
