@@ -136,6 +136,24 @@ __device__ __forceinline__ uint4 f16x8_raw_to(const uint4& h) {
   return make_uint4(f16x2_raw_to<T>(h.x), f16x2_raw_to<T>(h.y), f16x2_raw_to<T>(h.z), f16x2_raw_to<T>(h.w));
 }
 
+// An f16x2 word of e4m3x4_to_f16x4_raw -> its values as they are (the e4m3 values / e4m3_f16_unscale(), exact in
+// either type) as a packed pair of T, for a caller that folds e4m3_f16_unscale() into its scales: below sm_89 code
+// that saves f16x2_raw_to's multiply (one HMUL2, or two FMUL for bf16) per pair.
+template <typename T>
+__device__ __forceinline__ uint32_t f16x2_raw_as(uint32_t h) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return h;
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16");
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(*reinterpret_cast<const __half2*>(&h)));
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+template <typename T>
+__device__ __forceinline__ uint4 f16x8_raw_as(const uint4& h) {
+  return make_uint4(f16x2_raw_as<T>(h.x), f16x2_raw_as<T>(h.y), f16x2_raw_as<T>(h.z), f16x2_raw_as<T>(h.w));
+}
+
 // Sixteen e4m3 bytes -> the eight f16x2 words of e4m3x4_to_f16x4_unchecked (elements 0-7 in out0, 8-15 in out1),
 // and the caller's side of the tile-wide NaN check (e4m3_raw_abs_max) over such words.
 __device__ __forceinline__ void e4m3x16_to_f16_unchecked(const uint4& in, uint4& out0, uint4& out1) {

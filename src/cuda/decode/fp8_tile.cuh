@@ -57,8 +57,10 @@ __device__ __forceinline__ void load_fp8_rows(uint32_t src, int tid, Fp8Rows<D, 
   for (int pass = 0; pass < r.kPasses; ++pass) r.raw[pass] = arch::ld_shared_v4(src + (pass * THREADS + tid) * 16);
 }
 
-// Below sm_89 code the thread's chunks are widened first and checked for the NaN encoding at once (one HMNMX2 per
-// word, arch::e4m3_raw_abs_max), the per-word fix running only for a thread whose bytes hold a NaN.
+// The stored values are the e4m3 values / arch::e4m3_f16_unscale() (exact; 2^-8 below sm_89 code, where that saves
+// a multiply per pair): the caller folds the factor into its logit and output scales. Below sm_89 code the
+// thread's chunks are widened first and checked for the NaN encoding at once (one HMNMX2 per word,
+// arch::e4m3_raw_abs_max), the per-word fix running only for a thread whose bytes hold a NaN.
 template <typename U, int D, int ROWS, int THREADS>
 __device__ __forceinline__ void store_fp8_rows_as(uint32_t dst, int tid, const Fp8Rows<D, ROWS, THREADS>& r) {
   constexpr uint32_t kRowBytes = D * 2;
@@ -97,7 +99,7 @@ __device__ __forceinline__ void store_fp8_rows_as(uint32_t dst, int tid, const F
   }
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass)
-    store(pass, arch::f16x8_raw_to<U>(wide[pass][0]), arch::f16x8_raw_to<U>(wide[pass][1]));
+    store(pass, arch::f16x8_raw_as<U>(wide[pass][0]), arch::f16x8_raw_as<U>(wide[pass][1]));
 #endif
 }
 

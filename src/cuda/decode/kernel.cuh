@@ -414,7 +414,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
     m_run[t][0] = m_run[t][1] = -INFINITY;
     l_run[t][0] = l_run[t][1] = 0.f;
   }
-  const float sl2 = kp.scale_log2;
+  // fp8 tiles hold the e4m3 values / e4m3_f16_unscale() (store_fp8_rows_as): the logits and o take the factor back.
+  const float sl2 = kF8 ? kp.scale_log2 * arch::e4m3_f16_unscale() : kp.scale_log2;
   const uint64_t warp_keys = low_bits(kKW) << (wk * kKW);  // this warp's keys of a tile
   // Stage and ring slot of tile x (x % NS, x % (NS+1)), of the tile loaded in iteration x
   // (x+NS-1), and the slot filled at its end (x+NS), stepped instead of divided.
@@ -670,7 +671,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
     }
     float lse = -INFINITY;
     if (l > 0.f) {
-      const float inv = 1.f / l * p.v_scale;  // V's dequantization scale (1: the bits of 1 / l)
+      // V's dequantization scale (1: the bits of 1 / l), and for fp8 tiles the factor they are short of.
+      const float inv = 1.f / l * (kF8 ? p.v_scale * arch::e4m3_f16_unscale() : p.v_scale);
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] *= inv;
       lse = (m + log2f(l)) * kLn2;
