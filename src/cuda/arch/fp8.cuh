@@ -2,7 +2,8 @@
 // value, so the conversion is exact; kernels that read fp8 keys or K/V tiles convert them and keep their
 // 16-bit MMAs, as accurate as a 16-bit cache against float64 over the dequantized values.
 //
-// sm_89+ has the instruction (cvt.rn.f16x2.e4m3x2, one per pair: F2FP.F16.E4M3.UNPACK_B). Elsewhere the
+// sm_89+ has the instruction (cvt.rn.f16x2.e4m3x2, one per pair: F2FP.F16.E4M3.UNPACK_B; on the H200 the bit
+// move below measured slower in the fp8 decode and prefill kernels, docs/decode.md). Elsewhere the
 // bits are moved under fp16's (a PRMT, a shift and a LOP3 per pair), which reads value * 2^-8 (the exponent
 // biases differ by 8, subnormals included), and the NaN encoding, which would read as 480 * 2^-8, is made an
 // fp16 NaN (two more per word: an fp16 compare and a LOP3; an integer compare of the halves took six; a caller
