@@ -131,12 +131,6 @@ __device__ __forceinline__ uint32_t f16x2_raw_to(uint32_t h) {
   }
 }
 
-// Eight values of e4m3x4_to_f16x4_raw's words -> the exact values as T.
-template <typename T>
-__device__ __forceinline__ uint4 f16x8_raw_to(const uint4& h) {
-  return make_uint4(f16x2_raw_to<T>(h.x), f16x2_raw_to<T>(h.y), f16x2_raw_to<T>(h.z), f16x2_raw_to<T>(h.w));
-}
-
 // An f16x2 word of e4m3x4_to_f16x4_raw -> its values as they are (the e4m3 values / e4m3_f16_unscale(), exact in
 // either type) as a packed pair of T, for a caller that folds e4m3_f16_unscale() into its scales: below sm_89 code
 // that saves f16x2_raw_to's multiply (one HMUL2, or two FMUL for bf16) per pair.
