@@ -27,16 +27,20 @@ inline constexpr int kStreamMaxTokensPerRequest = 4;
 // visible 128-key block into a shared-memory ring with TMA, consumer warps score it from shared memory.
 // The bytes in flight then no longer sit in registers: 224 KB of ring per SM (7 bf16 / 13 fp8 stages) is
 // ~29 MB in flight over 132 SMs, ~6 us of the 4.8 TB/s peak, against ~1-2 us of loaded DRAM latency.
-inline constexpr int kRingConsumerWarps = 4;
-inline constexpr int kRingThreads = 32 * (kRingConsumerWarps + 1);
 inline constexpr int kRingBytes = 224 * 1024;
-// Blocks per work item (request, chunk of blocks, index-K head); items go round-robin over the CTAs.
-// H200, B=64 x 512 blocks (with 6 bf16 / 11 fp8 stages): bf16 2 blocks 266 us vs 4: 266-273 vs 8:
-// 268-270; fp8 4 blocks 150-152 us vs 2: 160-163 vs 8: 176-177 (an fp8 block is half the bytes and its
-// per-item query load and conversion weigh more). With 7 / 13 stages, in another run: bf16 264 us
-// (0.99 of the copy ceiling), fp8 149 us (0.90).
+// Consumer warps, and blocks per work item (request, chunk of blocks, index-K head); items go round-robin
+// over the CTAs and a consumer warp scores its item's blocks one after the other, so the ring's items
+// (13 fp8 / 7 bf16 stages of one block) bound the warps that have work. H200, B=64 x 512 blocks, 4 warps
+// (with 6 bf16 / 11 fp8 stages): bf16 2 blocks 266 us vs 4: 266-273 vs 8: 268-270; fp8 4 blocks 150-152 us
+// vs 2: 160-163 vs 8: 176-177. With 7 / 13 stages: bf16 264 us (0.99 of the copy ceiling), fp8 149 us
+// (0.90). An fp8 block costs a warp ~500 instructions for 16 KB (the conversions, the per-key scales), so
+// fp8 takes more warps on smaller items: one run, fp8 scores (HKT / THK us), warps x blocks: 4 x 4
+// 148.1 / 150.0, 8 x 4 148.1 / 146.8, 6 x 2 145.9 / 145.8, 8 x 2 143.9 / 140.7, 8 x 1 146.0 / 148.5,
+// 4 x 2 162.1 / 160.2.
+inline constexpr int kRingConsumerWarps16 = 4;
+inline constexpr int kRingConsumerWarpsF8 = 8;
 inline constexpr int kRingItemBlocks16 = 2;
-inline constexpr int kRingItemBlocksF8 = 4;
+inline constexpr int kRingItemBlocksF8 = 2;
 // Widest head group the ring kernel packs into one mma n=8 pass (wider groups take scores_stream).
 inline constexpr int kRingMaxGroup = 8;
 

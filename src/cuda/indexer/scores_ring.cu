@@ -20,7 +20,7 @@ const void* kernel_ptr() {
 
 template <typename QT, bool kF8>
 void launch(const RingArgs& a, int grid, cudaStream_t stream) {
-  scores_ring_kernel<QT, kF8><<<grid, kRingThreads, RingLayout<kF8>::kSmemBytes, stream>>>(a);
+  scores_ring_kernel<QT, kF8><<<grid, RingLayout<kF8>::kThreads, RingLayout<kF8>::kSmemBytes, stream>>>(a);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,7 +1,7 @@
 // Decode block scores on sm_90a: every request's index keys streamed once through a TMA ring.
 //
-// Persistent CTA per SM = kRingConsumerWarps consumer warps + one producer warp. Work items are
-// (request, chunk of C blocks, index-K head), dealt round-robin over the CTAs; each item owns C
+// Persistent CTA per SM = W consumer warps (4 for 16-bit keys, 8 for fp8: config.h) + one producer warp.
+// Work items are (request, chunk of C blocks, index-K head), dealt round-robin over the CTAs; each item owns C
 // consecutive stages of the CTA's stage sequence (blocks past max_blocks included), so both sides know
 // every stage's block without exchanging anything.
 //
@@ -49,6 +49,8 @@ struct RingLayout {
   static constexpr int kStageBytes = (kKeyBytes + kScaleBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = kRingBytes / kStageBytes;  // 7 (bf16 / fp16), 13 (fp8)
   static constexpr int kItemBlocks = kF8 ? kRingItemBlocksF8 : kRingItemBlocks16;
+  static constexpr int kConsumerWarps = kF8 ? kRingConsumerWarpsF8 : kRingConsumerWarps16;
+  static constexpr int kThreads = 32 * (kConsumerWarps + 1);
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kStages * kStageBytes + (2 * kStages + 1) * 8;
   static_assert(kStages >= 4, "the ring needs a few stages of slack");
   static_assert(kSmemBytes <= 227 * 1024, "beyond the sm_90 shared memory per CTA");
@@ -70,7 +72,8 @@ __device__ __forceinline__ int64_t request_visible_end(const Request& rq, bool c
 }
 
 template <typename QT, bool kF8>
-__global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __grid_constant__ RingArgs a) {
+__global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
+    scores_ring_kernel(const __grid_constant__ RingArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = RingLayout<kF8>;
   constexpr int S = L::kStages;
@@ -104,7 +107,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
   }
   __syncthreads();
 
-  if (warp == kRingConsumerWarps) {
+  constexpr int W = L::kConsumerWarps;
+  if (warp == W) {
     // ---------------- producer ----------------
     if (lane == 0) arch::tma_prefetch_descriptor(&a.keys);
     const int rows = min(p.k.page_size, kBlock), parts = kBlock / rows;
@@ -184,7 +188,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) scores_ring_kernel(const __gr
   // ---------------- consumers ----------------
   const int g = lane >> 2, t = lane & 3;
   const int mt = kRingMaxGroup / G;  // tokens per pass (columns n = token * G + head)
-  for (int64_t j = warp; j < my_items; j += kRingConsumerWarps) {
+  for (int64_t j = warp; j < my_items; j += W) {
     const RingItem it = item_of(j);
     const Request rq = load_request(p.seqs, it.b);
     const int64_t npass = (rq.q_len + mt - 1) / mt;
