@@ -36,6 +36,14 @@ struct Sm90Args {
   bool tma;
 };
 
+// A visible-key end relative to the first key of the range, clamped to [0, (kSm90RangeBlocks + 1) x kBlock]:
+// the diagonal test and the row masks of the consumer loop then take 32-bit values (the consumers have 96
+// registers per thread, 64 of them the accumulator).
+__device__ __forceinline__ int range_relative_end(int64_t end, int blk_begin) {
+  return static_cast<int>(clamp_to<int64_t>(end - static_cast<int64_t>(blk_begin) * kBlock, 0,
+                                            static_cast<int64_t>(kSm90RangeBlocks + 1) * kBlock));
+}
+
 // Byte offset of 16-byte chunk c (0..15) of row r in a [2 halves][rows][128 B] 128B-swizzled tile.
 __device__ __forceinline__ uint32_t swizzled_chunk(int r, int c, int half_bytes) {
   return (c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
@@ -227,14 +235,15 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
   arch::named_barrier_sync(1 + wg, 128);
 
   // Accumulator rows of this thread: r_lo (values 4j, 4j+1) and r_lo + 8 (4j+2, 4j+3).
-  int64_t hi[2];
+  const int first_end = range_relative_end(hi_first, blk_begin);  // the tile's first row's
+  int hi[2];                                                        // range_relative_end
   float* outp[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = 64 * wg + 16 * wi + (lane >> 2) + 8 * h;
     const int i = row / G, j = row % G;
     const bool valid = row < rows && i < ntok;
-    hi[h] = valid ? visible_end(rq, rq.offset + tok0 + i, p.causal) : 0;
+    hi[h] = valid ? range_relative_end(visible_end(rq, rq.offset + tok0 + i, p.causal), blk_begin) : 0;
     outp[h] = valid ? p.out + (tok_base + i) * p.out_stride_token + (kh * G + j) * p.out_stride_head : nullptr;
   }
   const uint64_t desc_q = arch::smem_desc_kmajor_sw128(q_s + 64 * wg * 128);
@@ -264,7 +273,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
     // some row of the tile stops (the diagonal) need the mask: a 32-bit limit per row then costs one
     // compare and one select per value; elsewhere the max is 64 FMNMX per thread.
     float mx[2][4];
-    if (static_cast<int64_t>(blk + 1) * kBlock <= hi_first) {
+    if ((it + 1) * kBlock <= first_end) {
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -277,10 +286,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int q = 0; q < 4; ++q) mx[h][q] = -INFINITY;
-      const int64_t col0 = static_cast<int64_t>(blk) * kBlock + 2 * (lane & 3);
+      const int col0 = it * kBlock + 2 * (lane & 3);
       int lim[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) lim[h] = static_cast<int>(clamp_to<int64_t>(hi[h] - col0, 0, kBlock));
+      for (int h = 0; h < 2; ++h) lim[h] = min(max(hi[h] - col0, 0), kBlock);
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll

@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_fp8_kernel(const 
   }
 
   // Accumulator rows of this thread: r_lo (values 4j, 4j+1) and r_lo + 8 (4j+2, 4j+3).
-  int64_t hi[2];
+  const int first_end = range_relative_end(hi_first, blk_begin);  // the tile's first row's
+  int hi[2];                                                        // range_relative_end
   float* outp[2];
   float qinv[2];
 #pragma unroll
@@ -264,7 +265,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_fp8_kernel(const 
     const int row = 64 * wg + 16 * wi + (lane >> 2) + 8 * h;
     const int i = row / G, j = row % G;
     const bool valid = row < rows && i < ntok;
-    hi[h] = valid ? visible_end(rq, rq.offset + tok0 + i, p.causal) : 0;
+    hi[h] = valid ? range_relative_end(visible_end(rq, rq.offset + tok0 + i, p.causal), blk_begin) : 0;
     outp[h] = valid ? p.out + (tok_base + i) * p.out_stride_token + (kh * G + j) * p.out_stride_head : nullptr;
     qinv[h] = arch::ld_shared_f32(qinv_s + 4 * row);
   }
@@ -285,47 +286,46 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_fp8_kernel(const 
     for (int k = 0; k < kHeadDim / 32; ++k)
       arch::wgmma_m64n128k32_ss_e4m3(acc, desc_q + 2 * k, desc_k + 2 * k, k > 0);  // + 32 bytes of K per step
     arch::wgmma_commit();
+    // The scales of this thread's columns 8j + t2, 8j + t2 + 1 (they live in the stage): the first two pairs
+    // are read while the products run.
+    const uint32_t scales = stage_addr + L::kKeyBytes + 4 * t2;
+    const float2 sc0 = ld_shared_f32x2(scales), sc1 = ld_shared_f32x2(scales + 32);
     arch::wgmma_wait<0>();
     arch::fence_regs(acc);
-    // The accumulator times the scales of this thread's columns 8j + t2, 8j + t2 + 1, before the stage
-    // is released (the scales live in it).
-    const uint32_t scales = stage_addr + L::kKeyBytes + 4 * t2;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 sc = ld_shared_f32x2(scales + 32 * j);
-      acc[4 * j] *= sc.x, acc[4 * j + 1] *= sc.y, acc[4 * j + 2] *= sc.x, acc[4 * j + 3] *= sc.y;
-    }
-    __syncwarp();
-    if (lane == 0) arch::mbarrier_arrive(empty + stage);
 
-    // Row max over the block's 128 keys (the query's inverse scale is positive: it multiplies the max).
-    // Off the diagonal: 64 FMNMX per thread; on it, a 32-bit limit per row.
+    // Row max over the block's 128 keys of the products times their key's scale (the query's inverse scale
+    // is positive: it multiplies the max). Each scaled product goes straight into the max, so the
+    // accumulator's registers free up as the loop runs and the next scales' loads go ahead of their use
+    // (scaled in place first, every load waited on its own: a quarter of the consumers' stall samples).
+    // Off the diagonal: 64 FMUL + 64 FMNMX per thread; on it, a 32-bit limit per row.
     float mx[2][4];
-    if (static_cast<int64_t>(blk + 1) * kBlock <= hi_first) {
+    auto scaled_max = [&](auto masked, const int (&lim)[2]) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int j = 0; j < 16; ++j) {
+        const float2 sc = j == 0 ? sc0 : j == 1 ? sc1 : ld_shared_f32x2(scales + 32 * j);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float v = fmaxf(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          float v0 = acc[4 * j + 2 * h] * sc.x, v1 = acc[4 * j + 2 * h + 1] * sc.y;
+          if constexpr (decltype(masked)::value) {
+            v0 = 8 * j < lim[h] ? v0 : -INFINITY;
+            v1 = 8 * j + 1 < lim[h] ? v1 : -INFINITY;
+          }
+          const float v = fmaxf(v0, v1);
           mx[h][j & 3] = j < 4 ? v : fmaxf(mx[h][j & 3], v);
         }
+      }
+    };
+    if ((it + 1) * kBlock <= first_end) {
+      scaled_max(std::false_type{}, {kBlock, kBlock});
     } else {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) mx[h][q] = -INFINITY;
-      const int64_t col0 = static_cast<int64_t>(blk) * kBlock + t2;
+      const int col0 = it * kBlock + t2;
       int lim[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) lim[h] = static_cast<int>(clamp_to<int64_t>(hi[h] - col0, 0, kBlock));
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            mx[h][j & 3] = fmaxf(mx[h][j & 3], 8 * j + e < lim[h] ? acc[4 * j + 2 * h + e] : -INFINITY);
+      for (int h = 0; h < 2; ++h) lim[h] = min(max(hi[h] - col0, 0), kBlock);
+      scaled_max(std::true_type{}, lim);
     }
+    __syncwarp();
+    if (lane == 0) arch::mbarrier_arrive(empty + stage);  // the scales are read
     float m[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
