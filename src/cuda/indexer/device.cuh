@@ -35,16 +35,30 @@ struct Request {
   int64_t offset = 0;   // absolute position of the first query
 };
 
-__device__ __forceinline__ Request load_request(const SeqParams& s, int b) {
+// A request's values as stored (the loads alone), and the clamped Request made from them: code that wants
+// the loads in flight across other work issues the first and finishes later.
+struct RequestRaw {
+  int32_t q0 = 0, q1 = 0, kv_len = 0, offset = 0;
+};
+
+__device__ __forceinline__ RequestRaw load_request_raw(const SeqParams& s, int b) {
+  return {s.qo_indptr[b], s.qo_indptr[b + 1], s.kv_lens[b], s.qo_offset ? s.qo_offset[b] : 0};
+}
+
+__device__ __forceinline__ Request finish_request(const SeqParams& s, const RequestRaw& raw) {
   Request r;
   const int64_t T = s.total_q;
-  const int64_t q0 = clamp_to<int64_t>(s.qo_indptr[b], 0, T);
-  const int64_t q1 = clamp_to<int64_t>(s.qo_indptr[b + 1], q0, T);
+  const int64_t q0 = clamp_to<int64_t>(raw.q0, 0, T);
+  const int64_t q1 = clamp_to<int64_t>(raw.q1, q0, T);
   r.q_begin = q0;
   r.q_len = q1 - q0;
-  r.kv_len = s.kv_lens[b] > 0 ? s.kv_lens[b] : 0;
-  r.offset = s.qo_offset ? static_cast<int64_t>(s.qo_offset[b]) : r.kv_len - r.q_len;
+  r.kv_len = raw.kv_len > 0 ? raw.kv_len : 0;
+  r.offset = s.qo_offset ? static_cast<int64_t>(raw.offset) : r.kv_len - r.q_len;
   return r;
+}
+
+__device__ __forceinline__ Request load_request(const SeqParams& s, int b) {
+  return finish_request(s, load_request_raw(s, b));
 }
 
 // Keys [0, visible_end) are visible to the query at absolute position pos.

@@ -115,25 +115,44 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
     const int per_round = 32 / parts;
     const PageDiv pd{p.k.page_size, a.page_shift};
     constexpr int kPartBytes = kF8 ? (128 + 4) : 256;  // per key row: key bytes (+ fp8 scale)
-    for (int64_t s0 = 0; s0 < nstages; s0 += per_round) {
-      // Lane l: stage s0 + l / parts, part l % parts. pg = -2: nothing to load; -1: zero keys.
+    // Lane l: stage s0 + l / parts, part l % parts. The loads of a round's lengths and page ids are issued a
+    // round ahead (fetch) and resolved after the round before it has issued its stages (resolve), so their
+    // round trips run under that round's copies instead of stopping the stream once per round.
+    struct Lookup {
+      RequestRaw rq;
+      int raw_pg = -1, off = 0, kh = 0, blk = 0;
+      bool in = false;  // a stage of this CTA whose block is below max_blocks
+    };
+    const auto fetch = [&](int64_t s0) {
+      Lookup l;
       const int64_t s = s0 + lane / parts;
-      const int part = lane % parts;
-      int pg = -2, off = 0, kh = 0;
       if (lane < per_round * parts && s < nstages) {
         const RingItem it = item_of(s / C);
-        const int blk = it.chunk * C + static_cast<int>(s % C);
-        kh = it.kh;
-        if (blk < p.max_blocks) {
-          const Request rq = load_request(p.seqs, it.b);
-          const int64_t key0 = static_cast<int64_t>(blk) * kBlock + part * rows;
-          if (key0 < request_visible_end(rq, p.causal)) {
-            int64_t lp;
-            pd.split(key0, &lp, &off);
-            pg = page_of(page_row(p.pages, it.b), lp, p.pages.num_pages);
-          }
+        l.blk = it.chunk * C + static_cast<int>(s % C);
+        l.kh = it.kh;
+        if (l.blk < p.max_blocks) {
+          l.in = true;
+          l.rq = load_request_raw(p.seqs, it.b);
+          const int64_t key0 = static_cast<int64_t>(l.blk) * kBlock + (lane % parts) * rows;
+          int64_t lp;
+          pd.split(key0, &lp, &l.off);
+          const PageRow pr = page_row(p.pages, it.b);  // read whether visible or not; checked in resolve
+          l.raw_pg = lp >= 0 && lp < pr.len ? __ldg(pr.entries + lp) : -1;
         }
       }
+      return l;
+    };
+    // pg = -2: nothing to load (no token of the request sees the keys); -1: zero keys.
+    const auto resolve = [&](const Lookup& l) {
+      const int64_t key0 = static_cast<int64_t>(l.blk) * kBlock + (lane % parts) * rows;
+      if (!l.in || key0 >= request_visible_end(finish_request(p.seqs, l.rq), p.causal)) return -2;
+      return l.raw_pg >= 0 && l.raw_pg < p.pages.num_pages ? l.raw_pg : -1;  // page_of's checks
+    };
+    Lookup next = fetch(0);
+    for (int64_t s0 = 0; s0 < nstages; s0 += per_round) {
+      const Lookup cur = next;
+      const int pg = resolve(cur), off = cur.off, kh = cur.kh;
+      next = fetch(s0 + per_round);
       for (int k = 0; k < per_round && s0 + k < nstages; ++k) {
         const int64_t sk = s0 + k;
         const int stage = static_cast<int>(sk % S);
