@@ -102,6 +102,10 @@ __global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(cons
   }
   __syncthreads();
 
+  if (warp >= 4 * kSm90F8ConsumerWarpgroups) {
+    arch::regs_decrease<kSm90F8ProducerRegs>();  // the whole warpgroup; one warp of it produces
+    if (warp > 4 * kSm90F8ConsumerWarpgroups) return;
+  }
   if (warp == 4 * kSm90F8ConsumerWarpgroups && a.tma) {
     // ---------------- producer: TMA boxes and scale copies into the stage ring ----------------
     // Lane l resolves block it0 + l / parts, box l % parts (pg = -2: beyond every row's keys, not loaded;
@@ -212,8 +216,9 @@ __global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(cons
   }
 
   // ---------------- consumers ----------------
-  // Warpgroup wg owns rows 128 wg .. 128 wg + 127 as two m64 tiles. Per block it issues both tiles'
-  // products (two commit groups), runs tile 0's scaled row max while tile 1's products run, then tile 1's.
+  // Warpgroup wg owns rows 128 wg .. 128 wg + 127 as two m64 tiles, each tile's products of a block one
+  // commit group; a tile's block maxima run while the other tile's products do.
+  arch::regs_increase<kSm90F8ConsumerRegs>();
   constexpr int T = kSm90F8TilesPerWarpgroup;
   const int wg = warp >> 2, wi = warp & 3, tid = threadIdx.x & 127;
   const int rows = tile_tokens * G;
@@ -285,92 +290,94 @@ __global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(cons
   float keep[T][2];
 #pragma unroll
   for (int t = 0; t < T; ++t) keep[t][0] = keep[t][1] = -INFINITY;
-  for (int it = 0; it < ncomp; ++it) {
-    const int stage = it % S;
-    const int blk = blk_begin + it;
-    arch::mbarrier_wait(full + stage, (it / S) & 1);
-    const uint32_t stage_addr = k_s + stage * L::kStageBytes;
-    const uint64_t desc_k = arch::smem_desc_kmajor_sw128(stage_addr);
-#pragma unroll
-    for (int t = 0; t < T; ++t) arch::fence_regs(acc[t]);
+  // Tile t's products of block it: one commit group.
+  auto issue = [&](int t, int it) {
+    const uint64_t desc_k = arch::smem_desc_kmajor_sw128(k_s + (it % S) * L::kStageBytes);
+    arch::fence_regs(acc[t]);
     arch::wgmma_fence();
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
+    for (int k = 0; k < kHeadDim / 32; ++k)
+      arch::wgmma_m64n128k32_ss_e4m3(acc[t], desc_q[t] + 2 * k, desc_k + 2 * k, k > 0);  // + 32 bytes a step
+    arch::wgmma_commit();
+  };
+  // Tile t's block maxima of block it, once its products are done: the row max over the block's 128 keys
+  // of the products times their key's scale (the query's inverse scale is positive: it multiplies the
+  // max). Each scaled product goes straight into the max, so the accumulator's registers free up as the
+  // loop runs. Off the diagonal: 64 FMUL + 64 FMNMX + 16 LDS.64 (the scales of this thread's columns
+  // 8j + t2, 8j + t2 + 1, in the stage) per thread and tile; on it, a 32-bit limit per row.
+  auto epilogue = [&](int t, int it) {
+    arch::fence_regs(acc[t]);
+    const uint32_t scales = k_s + (it % S) * L::kStageBytes + L::kKeyBytes + 4 * t2;
+    float mx[2][4];
+    auto scaled_max = [&](auto masked, const int (&lim)[2]) {
 #pragma unroll
-      for (int k = 0; k < kHeadDim / 32; ++k)
-        arch::wgmma_m64n128k32_ss_e4m3(acc[t], desc_q[t] + 2 * k, desc_k + 2 * k, k > 0);  // + 32 bytes a step
-      arch::wgmma_commit();
-    }
-    // The scales of this thread's columns 8j + t2, 8j + t2 + 1 (they live in the stage), read once for both
-    // tiles: the first two pairs while the products run, the others as tile 0's max goes.
-    const uint32_t scales = stage_addr + L::kKeyBytes + 4 * t2;
-    float2 sc[16];
-    sc[0] = ld_shared_f32x2(scales);
-    sc[1] = ld_shared_f32x2(scales + 32);
-    const bool unmasked = (it + 1) * kBlock <= first_end;
+      for (int j = 0; j < 16; ++j) {
+        const float2 sc = ld_shared_f32x2(scales + 32 * j);
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      if (t == 0)
-        arch::wgmma_wait<T - 1>();
-      else
-        arch::wgmma_wait<0>();
-      arch::fence_regs(acc[t]);
-      // Row max over the block's 128 keys of the products times their key's scale (the query's inverse
-      // scale is positive: it multiplies the max). Each scaled product goes straight into the max, so the
-      // accumulator's registers free up as the loop runs. Off the diagonal: 64 FMUL + 64 FMNMX per thread
-      // and tile; on it, a 32-bit limit per row.
-      float mx[2][4];
-      auto scaled_max = [&](auto masked, const int (&lim)[2]) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          if (t > 0 || j >= 2) sc[j] = ld_shared_f32x2(scales + 32 * j);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float v0 = acc[t][4 * j + 2 * h] * sc[j].x, v1 = acc[t][4 * j + 2 * h + 1] * sc[j].y;
-            if constexpr (decltype(masked)::value) {
-              v0 = 8 * j < lim[h] ? v0 : -INFINITY;
-              v1 = 8 * j + 1 < lim[h] ? v1 : -INFINITY;
-            }
-            const float v = fmaxf(v0, v1);
-            mx[h][j & 3] = j < 4 ? v : fmaxf(mx[h][j & 3], v);
+        for (int h = 0; h < 2; ++h) {
+          float v0 = acc[t][4 * j + 2 * h] * sc.x, v1 = acc[t][4 * j + 2 * h + 1] * sc.y;
+          if constexpr (decltype(masked)::value) {
+            v0 = 8 * j < lim[h] ? v0 : -INFINITY;
+            v1 = 8 * j + 1 < lim[h] ? v1 : -INFINITY;
           }
+          const float v = fmaxf(v0, v1);
+          mx[h][j & 3] = j < 4 ? v : fmaxf(mx[h][j & 3], v);
         }
-      };
-      if (unmasked) {
-        scaled_max(std::false_type{}, {kBlock, kBlock});
-      } else {
-        const int col0 = it * kBlock + t2;
-        int lim[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) lim[h] = min(max(hi[t][h] - col0, 0), kBlock);
-        scaled_max(std::true_type{}, lim);
       }
-      if (t == T - 1) {
-        __syncwarp();
-        if (lane == 0) arch::mbarrier_arrive(empty + stage);  // products done, scales read
-      }
-      float m[2];
+    };
+    if ((it + 1) * kBlock <= first_end) {
+      scaled_max(std::false_type{}, {kBlock, kBlock});
+    } else {
+      const int col0 = it * kBlock + t2;
+      int lim[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        m[h] = warp_max_xor(fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3])), 1, 2) * qinv[t][h];
-      if (blocks_contiguous) {
-        // Quad lane q keeps block 4k + q of each group of 4, then the quad writes the group as one
-        // 16-byte run per row instead of four scattered words.
-        const int slot4 = it & 3;
-        if ((lane & 3) == slot4) keep[t][0] = m[0], keep[t][1] = m[1];
-        if (slot4 == 3 || it == ncomp - 1) {
-          const int mine = (it & ~3) + (lane & 3);
+      for (int h = 0; h < 2; ++h) lim[h] = min(max(hi[t][h] - col0, 0), kBlock);
+      scaled_max(std::true_type{}, lim);
+    }
+    float m[2];
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            if (mine <= it && outp[t][h]) outp[t][h][blk_begin + mine] = keep[t][h];
-        }
-      } else {
+    for (int h = 0; h < 2; ++h)
+      m[h] = warp_max_xor(fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3])), 1, 2) * qinv[t][h];
+    if (blocks_contiguous) {
+      // Quad lane q keeps block 4k + q of each group of 4, then the quad writes the group as one
+      // 16-byte run per row instead of four scattered words.
+      const int slot4 = it & 3;
+      if ((lane & 3) == slot4) keep[t][0] = m[0], keep[t][1] = m[1];
+      if (slot4 == 3 || it == ncomp - 1) {
+        const int mine = (it & ~3) + (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          if ((lane & 3) == h && outp[t][h]) outp[t][h][blk * p.out_stride_block] = m[h];
+          if (mine <= it && outp[t][h]) outp[t][h][blk_begin + mine] = keep[t][h];
       }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if ((lane & 3) == h && outp[t][h]) outp[t][h][(blk_begin + it) * p.out_stride_block] = m[h];
     }
+  };
+  // Software pipeline over blocks: tile 1's maxima of block it - 1 run under tile 0's products of block
+  // it, tile 0's maxima of block it under tile 1's products of block it. Every commit group completes in
+  // the iteration that issues it (a group in flight across the loop's back edge makes ptxas serialize
+  // every wgmma, C7514); tile 1's accumulator carries the finished products across instead.
+  static_assert(T == 2, "the pipeline below alternates two tiles");
+  arch::mbarrier_wait(full, 0);
+  issue(0, 0);
+  issue(1, 0);
+  arch::wgmma_wait<1>();
+  epilogue(0, 0);
+  arch::wgmma_wait<0>();
+  for (int it = 1; it < ncomp; ++it) {
+    arch::mbarrier_wait(full + it % S, (it / S) & 1);
+    issue(0, it);
+    epilogue(1, it - 1);
+    __syncwarp();
+    if (lane == 0) arch::mbarrier_arrive(empty + (it - 1) % S);  // both tiles' products done, scales read
+    issue(1, it);
+    arch::wgmma_wait<1>();
+    epilogue(0, it);
+    arch::wgmma_wait<0>();
   }
+  epilogue(1, ncomp - 1);  // the last stage needs no release
 #else
   __trap();  // built without sm_90a: sm90_fp8_scores_available() keeps the dispatcher away
 #endif
