@@ -59,15 +59,6 @@ inline constexpr int kSm90RangeBlocks = 128;
 // block + 512 B of per-token scales, consumed twice as fast as a bf16 block, so twice the stages keep
 // the same bytes in flight (8 x 17 KB + 32 KB of e4m3 queries: 170 KB of shared memory).
 inline constexpr int kSm90F8Stages = 8;
-// Its 256 rows are 2 consumer warpgroups x 2 m64 tiles: a warpgroup issues both tiles' products on each
-// block and runs tile 0's scaled row max while tile 1's products run, and both tiles read the block's
-// key scales once. The producer warp's warpgroup gives its registers to the consumers (setmaxnreg:
-// 72 + 2 x 216 of the 512 per thread slot), who hold two 64-register accumulators.
-inline constexpr int kSm90F8ConsumerWarpgroups = 2;
-inline constexpr int kSm90F8TilesPerWarpgroup = kSm90Rows / (64 * kSm90F8ConsumerWarpgroups);
-inline constexpr int kSm90F8Threads = 128 * (kSm90F8ConsumerWarpgroups + 1);  // + the producer's warpgroup
-inline constexpr int kSm90F8ProducerRegs = 72;
-inline constexpr int kSm90F8ConsumerRegs = 216;
 // The portable kernel's range (the sm_90a kernel's measurement above was not repeated for it).
 inline constexpr int kPrefillRangeBlocks = 64;
 

@@ -15,8 +15,7 @@
 // Consumers: warp w takes items w, w + W, ... of the CTA, so a warp may reach a stage two uses of its
 // slot ahead of the ring, where an mbarrier parity wait cannot tell the phases apart: it first waits for
 // the producer's count of claimed stages (a stage is claimed once the consumer of its slot's previous
-// use released it, so the slot's barrier is then in the right phase). A warp's next item is read ahead: its
-// request's values when the current item starts, its query row after the current item's first block. Keys are the M dimension of
+// use released it, so the slot's barrier is then in the right phase). Keys are the M dimension of
 // mma.sync m16n8k16 (S^T = K Q^T) and up to 8 (token, head) columns its N, as in scores_stream.cuh, but
 // the A fragments come from shared memory: thread (g, t) reads 16-byte chunks 2t + (s & 1) + 8 (s >> 1)
 // (bf16) or 2t + j (fp8) of rows g and g + 8, so each 8-thread phase of an LDS.128 covers the 8 distinct
@@ -208,37 +207,10 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
   // ---------------- consumers ----------------
   const int g = lane >> 2, t = lane & 3;
   const int mt = kRingMaxGroup / G;  // tokens per pass (columns n = token * G + head)
-  // Column g's query row in pass `pass` of an item: the chunks this thread feeds (see the header), as stored.
-  const auto load_q_chunks = [&](const RingItem& it, const Request& rq, int64_t pass, uint4 (&qf)[4]) {
-    const int64_t token = pass * mt + g / G;
-    const bool valid = g < mt * G && token < rq.q_len;
-    const QT* qrow = static_cast<const QT*>(p.q) + (rq.q_begin + (valid ? token : 0)) * p.q_stride_token +
-                     (it.kh * G + g % G) * p.q_stride_head;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      // fp8: thread t feeds D elements [16q, 16q + 16) for q = 2t, 2t + 1: 32 contiguous elements.
-      const int at = kF8 ? 32 * t + 8 * u : 8 * (2 * t + (u & 1) + 8 * (u >> 1));
-      qf[u] = valid ? arch::ld_global_nc_v4(qrow + at) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  // The warp's next item starts without a round trip: its request's values are loaded an item ahead, and its
-  // first pass's query chunks once those have arrived (after this item's first block).
-  RequestRaw rq_next{};
-  if (warp < my_items) rq_next = load_request_raw(p.seqs, item_of(warp).b);
-  uint4 q_next[4];
-  bool q_next_loaded = false;
   for (int64_t j = warp; j < my_items; j += W) {
     const RingItem it = item_of(j);
-    const Request rq = finish_request(p.seqs, rq_next);
+    const Request rq = load_request(p.seqs, it.b);
     const int64_t npass = (rq.q_len + mt - 1) / mt;
-    uint4 q_first[4];  // pass 0's chunks when the previous item loaded them
-#pragma unroll
-    for (int u = 0; u < 4; ++u) q_first[u] = q_next[u];
-    const bool q_first_loaded = q_next_loaded;
-    q_next_loaded = false;
-    const bool has_next = j + W < my_items;
-    const RingItem it_next = has_next ? item_of(j + W) : it;
-    if (has_next) rq_next = load_request_raw(p.seqs, it_next.b);
 
     // Query fragments of one pass: column g's row at the chunks this thread feeds (see the header); fp8:
     // rescaled by a power of two into fp16 range, the inverse kept per accumulator column.
@@ -250,14 +222,15 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
     auto load_pass = [&](int64_t pass) {
       auto col_token = [&](int n) { return pass * mt + n / G; };
       auto col_valid = [&](int n) { return n < mt * G && col_token(n) < rq.q_len; };
-      if (pass == 0 && q_first_loaded) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) qf[u] = q_first[u];
-      } else {
-        load_q_chunks(it, rq, pass, qf);
-      }
+      const bool valid = col_valid(g);
+      const QT* qrow = static_cast<const QT*>(p.q) + (rq.q_begin + (valid ? col_token(g) : 0)) * p.q_stride_token +
+                       (it.kh * G + g % G) * p.q_stride_head;
       float inv_g = 1.f;
       if constexpr (kF8) {
+        // Thread t feeds D elements [16q, 16q + 16) for q = 2t, 2t + 1: 32 contiguous elements.
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          qf[u] = valid ? arch::ld_global_nc_v4(qrow + 32 * t + 8 * u) : make_uint4(0, 0, 0, 0);
         float amax = fmaxf(fmaxf(chunk_amax<QT>(qf[0]), chunk_amax<QT>(qf[1])),
                            fmaxf(chunk_amax<QT>(qf[2]), chunk_amax<QT>(qf[3])));
         amax = warp_max_xor(amax, 1, 2);  // the quad holds the whole row
@@ -265,6 +238,12 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
 #pragma unroll
         for (int u = 0; u < 4; ++u) qf[u] = chunk_to_scaled_f16<QT>(qf[u], exp2_int(e));
         inv_g = exp2_int(-e) * arch::e4m3_f16_unscale();
+      } else {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const int q = 2 * t + (s & 1) + 8 * (s >> 1);
+          qf[s] = valid ? arch::ld_global_nc_v4(qrow + 8 * q) : make_uint4(0, 0, 0, 0);
+        }
       }
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
@@ -362,10 +341,6 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
       }
       __syncwarp();
       if (lane == 0) arch::mbarrier_arrive(empty + stage);
-      if (i == 0 && has_next) {  // the next item's request values have had a block to arrive
-        load_q_chunks(it_next, finish_request(p.seqs, rq_next), 0, q_next);
-        q_next_loaded = true;
-      }
     }
   }
 #else

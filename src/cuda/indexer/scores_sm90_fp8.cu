@@ -50,9 +50,9 @@ void launch_scores_sm90_fp8(const BlockScoresParams& p, cudaStream_t stream) {
             " index-K heads exceed the prefill grid");
   const dim3 grid(static_cast<unsigned>(items), p.k.num_heads);
   if (p.q_dtype == ScalarType::kF16)
-    scores_sm90_fp8_kernel<true><<<grid, kSm90F8Threads, Sm90F8Layout::kSmemBytes, stream>>>(a);
+    scores_sm90_fp8_kernel<true><<<grid, kSm90Threads, Sm90F8Layout::kSmemBytes, stream>>>(a);
   else
-    scores_sm90_fp8_kernel<false><<<grid, kSm90F8Threads, Sm90F8Layout::kSmemBytes, stream>>>(a);
+    scores_sm90_fp8_kernel<false><<<grid, kSm90Threads, Sm90F8Layout::kSmemBytes, stream>>>(a);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -39,7 +39,7 @@ struct Sm90F8Layout {
 };
 
 template <bool kF16>
-__global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(const __grid_constant__ Sm90Args a) {
+__global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_fp8_kernel(const __grid_constant__ Sm90Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Sm90F8Layout;
   constexpr int S = L::kStages;
@@ -74,10 +74,10 @@ __global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(cons
   const int ncomp = max(min(blk_end, nb_vis) - blk_begin, 0);
   const int64_t tok_base = rq.q_begin + tok0;
 
-  if (warp < 4 * kSm90F8ConsumerWarpgroups && blk_end > max(blk_begin, nb_vis)) {
+  if (warp < 4 * kSm90ConsumerWarpgroups && blk_end > max(blk_begin, nb_vis)) {
     // -inf where no row of the tile sees a key (as in scores_sm90.cuh).
     const int fill_begin = max(blk_begin, nb_vis);
-    const int nwarps = 4 * kSm90F8ConsumerWarpgroups;
+    const int nwarps = 4 * kSm90ConsumerWarpgroups;
     if (p.out_stride_block == 1) {
       for (int r = warp; r < ntok * G; r += nwarps) {
         float* o = p.out + (tok_base + r / G) * p.out_stride_token + (kh * G + r % G) * p.out_stride_head;
@@ -96,17 +96,13 @@ __global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(cons
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       arch::mbarrier_init(full + s, a.tma ? 1 : 32);                // TMA: lane 0 with the bytes; cp.async: every lane
-      arch::mbarrier_init(empty + s, 4 * kSm90F8ConsumerWarpgroups);  // one arrival per consumer warp
+      arch::mbarrier_init(empty + s, 4 * kSm90ConsumerWarpgroups);  // one arrival per consumer warp
     }
     arch::fence_mbarrier_init();
   }
   __syncthreads();
 
-  if (warp >= 4 * kSm90F8ConsumerWarpgroups) {
-    arch::regs_decrease<kSm90F8ProducerRegs>();  // the whole warpgroup; one warp of it produces
-    if (warp > 4 * kSm90F8ConsumerWarpgroups) return;
-  }
-  if (warp == 4 * kSm90F8ConsumerWarpgroups && a.tma) {
+  if (warp == 4 * kSm90ConsumerWarpgroups && a.tma) {
     // ---------------- producer: TMA boxes and scale copies into the stage ring ----------------
     // Lane l resolves block it0 + l / parts, box l % parts (pg = -2: beyond every row's keys, not loaded;
     // -1: outside the pool, zero keys and scales written by the warp); then per block the boxes' lanes
@@ -163,7 +159,7 @@ __global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(cons
     return;
   }
 
-  if (warp == 4 * kSm90F8ConsumerWarpgroups) {
+  if (warp == 4 * kSm90ConsumerWarpgroups) {
     // ---------------- producer: cp.async gather of key blocks and scales into the stage ring ----------------
     // Lane l resolves the source rows l, l+32, l+64, l+96 of a block (page lookup, 64-bit addresses of the
     // row and of its scale); the copy loop fetches each row's address with a shuffle, 8 lanes per row.
@@ -216,18 +212,12 @@ __global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(cons
   }
 
   // ---------------- consumers ----------------
-  // Warpgroup wg owns rows 128 wg .. 128 wg + 127 as two m64 tiles, each tile's products of a block one
-  // commit group; a tile's block maxima run while the other tile's products do.
-  arch::regs_increase<kSm90F8ConsumerRegs>();
-  constexpr int T = kSm90F8TilesPerWarpgroup;
   const int wg = warp >> 2, wi = warp & 3, tid = threadIdx.x & 127;
   const int rows = tile_tokens * G;
-  const int wg_row0 = 64 * T * wg;
-#pragma unroll 1
-  for (int t = 0; t < T; ++t) {
-    // Tile t's 64 query rows -> e4m3 in shared memory: thread pair (2r, 2r + 1) holds row r's halves (64
-    // elements each), finds the row's amax and writes 4 swizzled 16-byte chunks each.
-    const int r = tid >> 1, half = tid & 1, row = wg_row0 + 64 * t + r;
+  {
+    // This warpgroup's 64 query rows -> e4m3 in shared memory: thread pair (2r, 2r + 1) holds row r's
+    // halves (64 elements each), finds the row's amax and writes 4 swizzled 16-byte chunks each.
+    const int r = tid >> 1, half = tid & 1, row = 64 * wg + r;
     const int i = row / G, j = row % G;
     const bool valid = row < rows && i < ntok;
     const QT* src = static_cast<const QT*>(p.q) +
@@ -261,61 +251,61 @@ __global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(cons
       st_shared_v4(q_s + row * 128 + ((chunk ^ (row & 7)) << 4), make_uint4(w[0], w[1], w[2], w[3]));
     }
     if (half == 0) arch::st_shared_b32(qinv_s + 4 * row, __float_as_uint(amax_c * (1.f / 448.f)));
+    arch::fence_proxy_async();  // generic stores before the wgmma (async proxy) reads them
+    arch::named_barrier_sync(1 + wg, 128);
   }
-  arch::fence_proxy_async();  // generic stores before the wgmma (async proxy) reads them
-  arch::named_barrier_sync(1 + wg, 128);
 
-  // Accumulator rows of this thread in tile t: r_lo (values 4j, 4j+1) and r_lo + 8 (4j+2, 4j+3).
+  // Accumulator rows of this thread: r_lo (values 4j, 4j+1) and r_lo + 8 (4j+2, 4j+3).
   const int first_end = range_relative_end(hi_first, blk_begin);  // the tile's first row's
-  int hi[T][2];                                                     // range_relative_end
-  float* outp[T][2];
-  float qinv[T][2];
-  uint64_t desc_q[T];
+  int hi[2];                                                        // range_relative_end
+  float* outp[2];
+  float qinv[2];
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = wg_row0 + 64 * t + 16 * wi + (lane >> 2) + 8 * h;
-      const int i = row / G, j = row % G;
-      const bool valid = row < rows && i < ntok;
-      hi[t][h] = valid ? range_relative_end(visible_end(rq, rq.offset + tok0 + i, p.causal), blk_begin) : 0;
-      outp[t][h] = valid ? p.out + (tok_base + i) * p.out_stride_token + (kh * G + j) * p.out_stride_head : nullptr;
-      qinv[t][h] = arch::ld_shared_f32(qinv_s + 4 * row);
-    }
-    desc_q[t] = arch::smem_desc_kmajor_sw128(q_s + (wg_row0 + 64 * t) * 128);
+  for (int h = 0; h < 2; ++h) {
+    const int row = 64 * wg + 16 * wi + (lane >> 2) + 8 * h;
+    const int i = row / G, j = row % G;
+    const bool valid = row < rows && i < ntok;
+    hi[h] = valid ? range_relative_end(visible_end(rq, rq.offset + tok0 + i, p.causal), blk_begin) : 0;
+    outp[h] = valid ? p.out + (tok_base + i) * p.out_stride_token + (kh * G + j) * p.out_stride_head : nullptr;
+    qinv[h] = arch::ld_shared_f32(qinv_s + 4 * row);
   }
+  const uint64_t desc_q = arch::smem_desc_kmajor_sw128(q_s + 64 * wg * 128);
   const bool blocks_contiguous = p.out_stride_block == 1;  // THK: a row's blocks are adjacent in out
   const int t2 = 2 * (lane & 3);
-  float acc[T][64];
-  float keep[T][2];
-#pragma unroll
-  for (int t = 0; t < T; ++t) keep[t][0] = keep[t][1] = -INFINITY;
-  // Tile t's products of block it: one commit group.
-  auto issue = [&](int t, int it) {
-    const uint64_t desc_k = arch::smem_desc_kmajor_sw128(k_s + (it % S) * L::kStageBytes);
-    arch::fence_regs(acc[t]);
+  float acc[64];
+  float keep[2] = {-INFINITY, -INFINITY};
+  for (int it = 0; it < ncomp; ++it) {
+    const int stage = it % S;
+    const int blk = blk_begin + it;
+    arch::mbarrier_wait(full + stage, (it / S) & 1);
+    const uint32_t stage_addr = k_s + stage * L::kStageBytes;
+    const uint64_t desc_k = arch::smem_desc_kmajor_sw128(stage_addr);
+    arch::fence_regs(acc);
     arch::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kHeadDim / 32; ++k)
-      arch::wgmma_m64n128k32_ss_e4m3(acc[t], desc_q[t] + 2 * k, desc_k + 2 * k, k > 0);  // + 32 bytes a step
+      arch::wgmma_m64n128k32_ss_e4m3(acc, desc_q + 2 * k, desc_k + 2 * k, k > 0);  // + 32 bytes of K per step
     arch::wgmma_commit();
-  };
-  // Tile t's block maxima of block it, once its products are done: the row max over the block's 128 keys
-  // of the products times their key's scale (the query's inverse scale is positive: it multiplies the
-  // max). Each scaled product goes straight into the max, so the accumulator's registers free up as the
-  // loop runs. Off the diagonal: 64 FMUL + 64 FMNMX + 16 LDS.64 (the scales of this thread's columns
-  // 8j + t2, 8j + t2 + 1, in the stage) per thread and tile; on it, a 32-bit limit per row.
-  auto epilogue = [&](int t, int it) {
-    arch::fence_regs(acc[t]);
-    const uint32_t scales = k_s + (it % S) * L::kStageBytes + L::kKeyBytes + 4 * t2;
+    // The scales of this thread's columns 8j + t2, 8j + t2 + 1 (they live in the stage): the first two pairs
+    // are read while the products run.
+    const uint32_t scales = stage_addr + L::kKeyBytes + 4 * t2;
+    const float2 sc0 = ld_shared_f32x2(scales), sc1 = ld_shared_f32x2(scales + 32);
+    arch::wgmma_wait<0>();
+    arch::fence_regs(acc);
+
+    // Row max over the block's 128 keys of the products times their key's scale (the query's inverse scale
+    // is positive: it multiplies the max). Each scaled product goes straight into the max, so the
+    // accumulator's registers free up as the loop runs and the next scales' loads go ahead of their use
+    // (scaled in place first, every load waited on its own: a quarter of the consumers' stall samples).
+    // Off the diagonal: 64 FMUL + 64 FMNMX per thread; on it, a 32-bit limit per row.
     float mx[2][4];
     auto scaled_max = [&](auto masked, const int (&lim)[2]) {
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const float2 sc = ld_shared_f32x2(scales + 32 * j);
+        const float2 sc = j == 0 ? sc0 : j == 1 ? sc1 : ld_shared_f32x2(scales + 32 * j);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float v0 = acc[t][4 * j + 2 * h] * sc.x, v1 = acc[t][4 * j + 2 * h + 1] * sc.y;
+          float v0 = acc[4 * j + 2 * h] * sc.x, v1 = acc[4 * j + 2 * h + 1] * sc.y;
           if constexpr (decltype(masked)::value) {
             v0 = 8 * j < lim[h] ? v0 : -INFINITY;
             v1 = 8 * j + 1 < lim[h] ? v1 : -INFINITY;
@@ -331,53 +321,32 @@ __global__ void __launch_bounds__(kSm90F8Threads, 1) scores_sm90_fp8_kernel(cons
       const int col0 = it * kBlock + t2;
       int lim[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) lim[h] = min(max(hi[t][h] - col0, 0), kBlock);
+      for (int h = 0; h < 2; ++h) lim[h] = min(max(hi[h] - col0, 0), kBlock);
       scaled_max(std::true_type{}, lim);
     }
+    __syncwarp();
+    if (lane == 0) arch::mbarrier_arrive(empty + stage);  // the scales are read
     float m[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      m[h] = warp_max_xor(fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3])), 1, 2) * qinv[t][h];
+      m[h] = warp_max_xor(fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3])), 1, 2) * qinv[h];
     if (blocks_contiguous) {
       // Quad lane q keeps block 4k + q of each group of 4, then the quad writes the group as one
       // 16-byte run per row instead of four scattered words.
       const int slot4 = it & 3;
-      if ((lane & 3) == slot4) keep[t][0] = m[0], keep[t][1] = m[1];
+      if ((lane & 3) == slot4) keep[0] = m[0], keep[1] = m[1];
       if (slot4 == 3 || it == ncomp - 1) {
         const int mine = (it & ~3) + (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          if (mine <= it && outp[t][h]) outp[t][h][blk_begin + mine] = keep[t][h];
+          if (mine <= it && outp[h]) outp[h][blk_begin + mine] = keep[h];
       }
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        if ((lane & 3) == h && outp[t][h]) outp[t][h][(blk_begin + it) * p.out_stride_block] = m[h];
+        if ((lane & 3) == h && outp[h]) outp[h][blk * p.out_stride_block] = m[h];
     }
-  };
-  // Software pipeline over blocks: tile 1's maxima of block it - 1 run under tile 0's products of block
-  // it, tile 0's maxima of block it under tile 1's products of block it. Every commit group completes in
-  // the iteration that issues it (a group in flight across the loop's back edge makes ptxas serialize
-  // every wgmma, C7514); tile 1's accumulator carries the finished products across instead.
-  static_assert(T == 2, "the pipeline below alternates two tiles");
-  arch::mbarrier_wait(full, 0);
-  issue(0, 0);
-  issue(1, 0);
-  arch::wgmma_wait<1>();
-  epilogue(0, 0);
-  arch::wgmma_wait<0>();
-  for (int it = 1; it < ncomp; ++it) {
-    arch::mbarrier_wait(full + it % S, (it / S) & 1);
-    issue(0, it);
-    epilogue(1, it - 1);
-    __syncwarp();
-    if (lane == 0) arch::mbarrier_arrive(empty + (it - 1) % S);  // both tiles' products done, scales read
-    issue(1, it);
-    arch::wgmma_wait<1>();
-    epilogue(0, it);
-    arch::wgmma_wait<0>();
   }
-  epilogue(1, ncomp - 1);  // the last stage needs no release
 #else
   __trap();  // built without sm_90a: sm90_fp8_scores_available() keeps the dispatcher away
 #endif
