@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
         const unsigned load_mask = __ballot_sync(kFullMask, mine && my_pg >= 0);
         const unsigned zero_mask = __ballot_sync(kFullMask, mine && my_pg == -1);
         if (sk >= S) arch::mbarrier_wait(empty + stage, ((sk / S) - 1) & 1);
-        if (lane == 0) arch::st_volatile_shared(claimed, sk + 1);
+        if (lane == 0) arch::publish_shared_count(claimed, sk + 1);
         if (zero_mask) {  // pages outside the pool: zero keys (and scales), written by the warp
           for (unsigned m = zero_mask; m; m &= m - 1) {
             const int zp = __ffs(m) - 1;
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
       const int64_t s = j * C + i;
       const int stage = static_cast<int>(s % S);
       const uint32_t base = ring + stage * L::kStageBytes;
-      while (arch::ld_volatile_shared(claimed) <= s) __nanosleep(32);
+      while (arch::poll_shared_count(claimed) <= s) __nanosleep(32);
       arch::mbarrier_wait(full + stage, (s / S) & 1);
       for (int64_t pass = 0; pass < npass && blk < p.max_blocks; ++pass) {
         if (npass > 1) load_pass(pass);
