@@ -120,11 +120,17 @@ __device__ __forceinline__ PageRow page_row(const PageTableParams& pt, int b) {
   return r;
 }
 
+// Page-table entry of logical page lp as stored, or -1 outside the row; page_in_pool checks it against
+// the pool. Split so that a lookup can be issued early and checked later.
+__device__ __forceinline__ int page_entry(const PageRow& r, int64_t lp) {
+  return lp >= 0 && lp < r.len ? __ldg(r.entries + lp) : -1;
+}
+__device__ __forceinline__ int page_in_pool(int entry, int num_pages) {
+  return entry >= 0 && entry < num_pages ? entry : -1;
+}
 // Physical page of logical page lp, or -1 when the entry is outside the row or the pool.
 __device__ __forceinline__ int page_of(const PageRow& r, int64_t lp, int num_pages) {
-  if (lp < 0 || lp >= r.len) return -1;
-  const int pg = __ldg(r.entries + lp);
-  return (pg >= 0 && pg < num_pages) ? pg : -1;
+  return page_in_pool(page_entry(r, lp), num_pages);
 }
 
 // Logical page and slot of key j: a shift for power-of-two page sizes, a division otherwise.

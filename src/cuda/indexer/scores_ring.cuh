@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
           int64_t lp;
           pd.split(key0, &lp, &l.off);
           const PageRow pr = page_row(p.pages, it.b);  // read whether visible or not; checked in resolve
-          l.raw_pg = lp >= 0 && lp < pr.len ? __ldg(pr.entries + lp) : -1;
+          l.raw_pg = page_entry(pr, lp);
         }
       }
       return l;
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
     const auto resolve = [&](const Lookup& l) {
       const int64_t key0 = static_cast<int64_t>(l.blk) * kBlock + (lane % parts) * rows;
       if (!l.in || key0 >= request_visible_end(finish_request(p.seqs, l.rq), p.causal)) return -2;
-      return l.raw_pg >= 0 && l.raw_pg < p.pages.num_pages ? l.raw_pg : -1;  // page_of's checks
+      return page_in_pool(l.raw_pg, p.pages.num_pages);
     };
     Lookup next = fetch(0);
     for (int64_t s0 = 0; s0 < nstages; s0 += per_round) {
