@@ -207,6 +207,7 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
   // ---------------- consumers ----------------
   const int g = lane >> 2, t = lane & 3;
   const int mt = kRingMaxGroup / G;  // tokens per pass (columns n = token * G + head)
+  int64_t claimed_seen = 0;  // the producer's claimed-stage count as this warp last read it
   for (int64_t j = warp; j < my_items; j += W) {
     const RingItem it = item_of(j);
     const Request rq = load_request(p.seqs, it.b);
@@ -266,7 +267,12 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
       const int64_t s = j * C + i;
       const int stage = static_cast<int>(s % S);
       const uint32_t base = ring + stage * L::kStageBytes;
-      while (arch::poll_shared_count(claimed) <= s) __nanosleep(32);
+      if (s >= claimed_seen) {  // claims run ahead of the consumers: one poll (lane 0's) covers several stages
+        int64_t c;
+        while ((c = __shfl_sync(kFullMask, lane == 0 ? arch::poll_shared_count(claimed) : 0, 0)) <= s)
+          __nanosleep(32);
+        claimed_seen = c;
+      }
       arch::mbarrier_wait(full + stage, (s / S) & 1);
       for (int64_t pass = 0; pass < npass && blk < p.max_blocks; ++pass) {
         if (npass > 1) load_pass(pass);
