@@ -99,8 +99,10 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
-      arch::mbarrier_init(full + s, 1);      // the producer's arrival (with the stage's transaction bytes)
-      arch::mbarrier_init(empty + s, 1);     // the consuming warp's arrival
+      // Every lane of the producer and of the consuming warp arrives itself: compute-sanitizer's racecheck
+      // orders a lane's shared-memory accesses by its own arrivals only (not through __syncwarp).
+      arch::mbarrier_init(full + s, 32);   // the producer's lanes (lane 0 with the stage's transaction bytes)
+      arch::mbarrier_init(empty + s, 32);  // the consuming warp's lanes
     }
     arch::fence_mbarrier_init();
     *claimed = 0;
@@ -179,14 +181,11 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
           }
           arch::fence_proxy_async();  // these generic writes come before later TMA writes into the stage
         }
-        __syncwarp();
-        if (lane == 0) {
-          const uint32_t bytes = __popc(load_mask) * rows * kPartBytes;
-          if (bytes)
-            arch::mbarrier_arrive_expect_tx(full + stage, bytes);
-          else
-            arch::mbarrier_arrive(full + stage);
-        }
+        const uint32_t bytes = __popc(load_mask) * rows * kPartBytes;
+        if (lane == 0 && bytes)
+          arch::mbarrier_arrive_expect_tx(full + stage, bytes);
+        else
+          arch::mbarrier_arrive(full + stage);
         __syncwarp();  // the transaction bytes are announced before any copy can complete them
         if (mine && my_pg >= 0) {
           const uint32_t dst = base + lane * rows * 128;
@@ -345,8 +344,7 @@ __global__ void __launch_bounds__(RingLayout<kF8>::kThreads, 1)
           if (outp[1]) outp[1][blk * p.out_stride_block] = m1 * inv[1];
         }
       }
-      __syncwarp();
-      if (lane == 0) arch::mbarrier_arrive(empty + stage);
+      arch::mbarrier_arrive(empty + stage);
     }
   }
 #else

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kSm90Stages; ++s) {
-      arch::mbarrier_init(full + s, a.tma ? 1 : 32);                // TMA: lane 0 with the bytes; cp.async: every lane
+      arch::mbarrier_init(full + s, 32);  // every producer lane (TMA: lane 0 with the bytes; see the ring kernel)
       arch::mbarrier_init(empty + s, 4 * kSm90ConsumerWarpgroups);  // one arrival per consumer warp
     }
     arch::fence_mbarrier_init();
@@ -149,14 +149,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_kernel(const __gr
           }
           arch::fence_proxy_async();  // generic zeros before the wgmma (async proxy) reads them
         }
-        __syncwarp();
-        if (lane == 0) {
-          const uint32_t bytes = __popc(load_mask) * rows * 256;
-          if (bytes)
-            arch::mbarrier_arrive_expect_tx(full + stage, bytes);
-          else
-            arch::mbarrier_arrive(full + stage);
-        }
+        const uint32_t bytes = __popc(load_mask) * rows * 256;
+        if (lane == 0 && bytes)
+          arch::mbarrier_arrive_expect_tx(full + stage, bytes);
+        else
+          arch::mbarrier_arrive(full + stage);
         __syncwarp();  // the bytes are announced before any box can complete them
         if (mine && my_pg >= 0) {
           const uint32_t dst = dst_stage + lane * rows * 128;

@@ -95,8 +95,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_fp8_kernel(const 
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
-      arch::mbarrier_init(full + s, a.tma ? 1 : 32);                // TMA: lane 0 with the bytes; cp.async: every lane
-      arch::mbarrier_init(empty + s, 4 * kSm90ConsumerWarpgroups);  // one arrival per consumer warp
+      arch::mbarrier_init(full + s, 32);  // every producer lane (TMA: lane 0 with the bytes; see the ring kernel)
+      arch::mbarrier_init(empty + s, 128 * kSm90ConsumerWarpgroups);  // every consumer thread (it reads the scales)
     }
     arch::fence_mbarrier_init();
   }
@@ -140,14 +140,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_fp8_kernel(const 
           }
           arch::fence_proxy_async();  // generic zeros before the wgmma (async proxy) reads them
         }
-        __syncwarp();
-        if (lane == 0) {
-          const uint32_t bytes = __popc(load_mask) * rows * (128 + 4);
-          if (bytes)
-            arch::mbarrier_arrive_expect_tx(full + stage, bytes);
-          else
-            arch::mbarrier_arrive(full + stage);
-        }
+        const uint32_t bytes = __popc(load_mask) * rows * (128 + 4);
+        if (lane == 0 && bytes)
+          arch::mbarrier_arrive_expect_tx(full + stage, bytes);
+        else
+          arch::mbarrier_arrive(full + stage);
         __syncwarp();  // the bytes are announced before any copy can complete them
         if (mine && my_pg >= 0) {
           arch::tma_load_4d(dst_stage + lane * rows * 128, &a.keys, 0, my_off, kh, my_pg, full + stage);
@@ -324,8 +321,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) scores_sm90_fp8_kernel(const 
       for (int h = 0; h < 2; ++h) lim[h] = min(max(hi[h] - col0, 0), kBlock);
       scaled_max(std::true_type{}, lim);
     }
-    __syncwarp();
-    if (lane == 0) arch::mbarrier_arrive(empty + stage);  // the scales are read
+    arch::mbarrier_arrive(empty + stage);  // the scales are read
     float m[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
