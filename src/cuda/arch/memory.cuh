@@ -42,7 +42,7 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
 }
 
-// Shared-memory words another warp polls (volatile: every access goes to memory, in program order).
+// A shared store the compiler cannot drop or move (volatile): a trace mark's dependency sink.
 __device__ __forceinline__ void st_volatile_shared(uint32_t* p, uint32_t v) {
   asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(smem_addr(p)), "r"(v) : "memory");
 }
