@@ -85,6 +85,16 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
                  int force_end, const TensorView& out, bool causal = true, const RunOptions& opts = {},
                  const SelectTopkOptions& select = {});
 
+// Indexer over sharded keys (docs/sharding.md): the global selection from N ranks' candidate lists, exactly
+// select_topk (same arguments, same order, forced blocks and causal validity) over rows of max_blocks blocks that
+// hold each candidate's score at its block id and NaN at every other block. A block proposed twice keeps the
+// higher score (NaN lowest).
+//   cand_scores fp32 [N, T, H, k], cand_ids int32 [N, T, H, k] (global block ids; < 0 or >= max_blocks: no
+//   candidate), any strides; out int32 [T, H, topk], any strides. max_blocks <= 32768 on the GPU.
+void merge_candidates(const TensorView& cand_scores, const TensorView& cand_ids, const Sequences& seqs,
+                      int max_blocks, int topk, int force_begin, int force_end, const TensorView& out,
+                      bool causal = true, const RunOptions& opts = {});
+
 // Merge S partial attention states by their LSEs: v_parts [S, T, H, Dv] (fp32 or q dtype), lse_parts [S, T, H]
 // fp32 -> o [T, H, Dv], lse_out [T, H] (optional). A part with lse = -inf contributes nothing.
 void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const TensorView& o,

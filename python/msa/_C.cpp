@@ -460,6 +460,24 @@ void bind_ops(nb::module_& m) {
       "Binding of msa::select_topk; use msa.select_topk.");
 
   m.def(
+      "merge_candidates",
+      [](nb::handle cand_scores, nb::handle cand_ids, nb::handle qo_indptr, nb::handle kv_lens, nb::handle qo_offset,
+         int max_blocks, int topk, int force_begin, int force_end, bool causal, nb::handle out, bool validate,
+         int64_t stream) {
+        Call call("msa.merge_candidates");
+        const msa::TensorView s_v = call.in(cand_scores, "cand_scores"), i_v = call.in(cand_ids, "cand_ids");
+        const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
+                                  call.in(qo_offset, "qo_offset")};
+        const msa::TensorView out_v = call.out(out, "out");
+        const msa::RunOptions opts{0.0f, call.stream(stream, cand_scores, s_v), validate};
+        nb::gil_scoped_release nogil;
+        msa::merge_candidates(s_v, i_v, seqs, max_blocks, topk, force_begin, force_end, out_v, causal, opts);
+      },
+      "cand_scores"_a, "cand_ids"_a, "qo_indptr"_a, "kv_lens"_a, "qo_offset"_a.none(), "max_blocks"_a, "topk"_a,
+      "force_begin"_a, "force_end"_a, "causal"_a, "out"_a, "validate"_a, "stream"_a = 0,
+      "Binding of msa::merge_candidates; use msa.merge_candidates.");
+
+  m.def(
       "merge_states",
       [](nb::handle v_parts, nb::handle lse_parts, nb::handle out, nb::handle lse_out, int64_t stream) {
         Call call("msa.merge_states");

@@ -12,7 +12,8 @@ Beside this core, the torch-only modules: msa.torch_ops (the entry points as tor
 serving-engine drop-ins of msa.engines, imported as msa.sglang, msa.fmha_sm100 and msa.flashinfer.
 """
 from ._C import cuda_available, cuda_compute_capability
-from .ops import attention, block_scores, build_page_table, merge_states, select_topk, sparse_attention_layer
+from .ops import attention, block_scores, build_page_table, merge_candidates, merge_states, select_topk
+from .ops import sparse_attention_layer
 from .ops import write_cache
 from .plan import Plan, plan_decode, plan_prefill
 
@@ -25,6 +26,7 @@ __all__ = [
     "build_page_table",
     "cuda_available",
     "cuda_compute_capability",
+    "merge_candidates",
     "merge_states",
     "plan_decode",
     "plan_prefill",

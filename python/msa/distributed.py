@@ -32,7 +32,6 @@ from . import ops as _msa  # noqa: E402
 from .plan import plan_decode as _plan_decode, plan_prefill as _plan_prefill  # noqa: E402
 
 BLOCK = _msa.BLOCK
-_MERGE_BYTES = 64 << 20  # merge workspace per chunk of prefill tokens ([tokens, heads, blocks] fp32)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -295,43 +294,15 @@ def _request_of_rows(step, rows):
 
 
 def merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk: int, max_blocks: int, *, qo_offset=None,
-                     force_begin=0, force_end=1, causal=True, out=None, token_chunk=None):
-    """The global selection from the ranks' candidates ([N, T, H, k] each, or lists of [T, H, k]): msa.select_topk
-    over a [T, H, max_blocks] score tensor holding the candidates' scores and NaN elsewhere (NaN ranks below
-    every score, -inf included, so a block that no rank proposed never displaces one that was), with the
-    single-device arguments. Equal to the single-device selection (docs/sharding.md, "Why the merge is exact").
-
-    token_chunk: tokens per select_topk call (bounds the [tokens, H, max_blocks] workspace for prefill; each token
-    is then its own non-causal request over the keys it sees, the same valid blocks). None: one call with the
-    caller's requests when the workspace is under 64 MiB (decode: fixed shapes, no host read), else chunks."""
+                     force_begin=0, force_end=1, causal=True, out=None):
+    """The global selection from the ranks' candidates ([N, T, H, k] each, or lists of [T, H, k]): msa.merge_candidates,
+    i.e. msa.select_topk with the single-device arguments over score rows holding the candidates' scores and NaN
+    elsewhere (NaN ranks below every score, -inf included, so a block that no rank proposed never displaces one that
+    was). Equal to the single-device selection (docs/sharding.md, "Why the merge is exact")."""
     if isinstance(cand_scores, (list, tuple)):
         cand_scores, cand_ids = torch.stack(list(cand_scores)), torch.stack(list(cand_ids))
-    N, T, H, k = cand_scores.shape
-    dev = cand_scores.device
-    s = cand_scores.permute(1, 2, 0, 3).reshape(T, H, N * k)
-    ids = cand_ids.permute(1, 2, 0, 3).reshape(T, H, N * k).long()
-    ids = torch.where(ids >= 0, ids, max_blocks)
-    if out is None:
-        out = torch.empty((T, H, topk), dtype=torch.int32, device=dev)
-    if token_chunk is None and T * H * (max_blocks + 1) * 4 <= _MERGE_BYTES:
-        dense = torch.full((T, H, max_blocks + 1), float("nan"), dtype=torch.float32, device=dev)
-        dense.scatter_(2, ids, s)
-        _msa.select_topk(dense[:, :, :max_blocks], qo_indptr, kv_lens, topk, qo_offset=qo_offset, layout="THK",
-                         force_begin=force_begin, force_end=force_end, causal=causal, out=out)
-        return out
-    chunk = token_chunk or max(1, _MERGE_BYTES // (H * (max_blocks + 1) * 4))
-    _, x = _token_places(qo_indptr, kv_lens, qo_offset, T, causal)
-    x = x.to(torch.int32)
-    dense = torch.empty((min(chunk, T), H, max_blocks + 1), dtype=torch.float32, device=dev)
-    for t0 in range(0, T, chunk):
-        n = min(chunk, T - t0)
-        d = dense[:n]
-        d.fill_(float("nan"))
-        d.scatter_(2, ids[t0:t0 + n], s[t0:t0 + n])
-        _msa.select_topk(d[:, :, :max_blocks], torch.arange(n + 1, dtype=torch.int32, device=dev), x[t0:t0 + n],
-                         topk, qo_offset=torch.zeros(n, dtype=torch.int32, device=dev), layout="THK",
-                         force_begin=force_begin, force_end=force_end, causal=False, out=out[t0:t0 + n])
-    return out
+    return _msa.merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk, max_blocks, qo_offset=qo_offset,
+                                 force_begin=force_begin, force_end=force_end, causal=causal, out=out)
 
 
 def local_block_idx(step, block_idx):

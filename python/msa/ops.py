@@ -180,6 +180,38 @@ def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT
     return (out, out_scores) if return_scores else out
 
 
+def merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk, max_blocks, *, qo_offset=None, force_begin=0,
+                     force_end=1, causal=True, out=None, validate=False, stream=None):
+    """The global selection from N ranks' candidate lists (the indexer over sharded keys, docs/sharding.md).
+
+    Exactly msa.select_topk with the same arguments over THK score rows of max_blocks blocks that hold each
+    candidate's score at its block id and NaN at every other block (a block proposed twice keeps the higher
+    score, NaN lowest): one kernel, no such score tensor in memory.
+
+    Args:
+        cand_scores: fp32 [N, T, H, k], any strides: the ranks' candidate scores (e.g. select_topk's out_scores).
+        cand_ids: int32 [N, T, H, k], any strides: their global block ids; < 0 or >= max_blocks: no candidate.
+        qo_indptr, kv_lens, qo_offset: as for msa.attention.
+        topk, force_begin, force_end, causal: as for msa.select_topk.
+        max_blocks: blocks per row (>= ceil(max kv_len / 128); 32768 at most on the GPU).
+        out: int32 [T, H, topk], any strides; allocated when None.
+        validate: check the lengths on the host (synchronizes for CUDA tensors).
+        stream: as for msa.attention.
+
+    Returns:
+        block_idx, int32 [T, H, topk], ascending with -1 at the tail.
+    """
+    fn = "msa.merge_candidates"
+    topk = integer(fn, "topk", topk)
+    if out is None:
+        out = new_output(fn, "out", cand_scores, "cand_scores", (_dim(cand_scores, 1), _dim(cand_scores, 2),
+                                                                max(topk, 0)), "int32")
+    _C.merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, qo_offset, integer(fn, "max_blocks", max_blocks),
+                        topk, integer(fn, "force_begin", force_begin), integer(fn, "force_end", force_end),
+                        bool(causal), out, bool(validate), resolve_stream(fn, stream, cand_scores))
+    return out
+
+
 def merge_states(v_parts, lse_parts, *, out=None, lse_out=None, return_lse=False, stream=None):
     """Merges S partial attention states over disjoint key sets by their LSEs.
 

@@ -22,6 +22,7 @@ namespace reference {  // src/reference/: the contract, plainly written, threade
 void attention(const AttentionParams& p);
 void block_scores(const BlockScoresParams& p);
 void select_topk(const SelectTopkParams& p);
+void merge_candidates(const MergeCandidatesParams& p);
 void merge_states(const MergeParams& p);
 void build_page_table(const PageTableBuildParams& p);
 void write_cache(const WriteCacheParams& p);
@@ -41,6 +42,7 @@ std::shared_ptr<PlanState> make_plan_state(const Plan& plan);
 void attention(const Plan& plan, const AttentionParams& p, void* stream);
 void block_scores(const BlockScoresParams& p, void* stream);
 void select_topk(const SelectTopkParams& p, void* stream);
+void merge_candidates(const MergeCandidatesParams& p, void* stream);
 void merge_states(const MergeParams& p, void* stream);
 void build_page_table(const PageTableBuildParams& p, void* stream);
 void write_cache(const WriteCacheParams& p, void* stream);

@@ -299,6 +299,28 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
     reference::block_scores(p);
 }
 
+// The selection's own arguments, shared by select_topk and merge_candidates: checked, then into p.
+static void selection_args(const char* fn, bool gpu, const Device& dev, int64_t T, int64_t H, int topk, int force_begin,
+                           int force_end, const TensorView& out, bool causal, SelectTopkParams& p) {
+  const int max_topk = gpu ? 64 : 1 << 20;
+  MSA_CHECK(topk >= 1 && topk <= max_topk, kValue, fn, ": argument 'topk': expected 1..", max_topk, ", got ", topk);
+  MSA_CHECK(force_begin >= 0, kValue, fn, ": argument 'force_begin': expected >= 0, got ", force_begin);
+  MSA_CHECK(force_end >= 0, kValue, fn, ": argument 'force_end': expected >= 0, got ", force_end);
+  MSA_CHECK(force_begin + force_end <= topk, kValue, fn,
+            ": arguments 'force_begin' + 'force_end': expected <= topk = ", topk, ", got ",
+            force_begin + force_end);
+  arg(fn, "out", out).present().ndim(3, "[total_q, num_heads, topk]").device(dev)
+      .size(0, T, "total_q").size(1, H, "num_heads").size(2, topk, "topk").nonneg_strides();
+  p.topk = topk;
+  p.force_begin = force_begin;
+  p.force_end = force_end;
+  p.causal = causal;
+  p.out = out.data_as<int32_t>();
+  p.out_stride_token = out.stride(0);
+  p.out_stride_head = out.stride(1);
+  p.out_stride_k = out.stride(2);
+}
+
 void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& seqs, int topk, int force_begin,
                  int force_end, const TensorView& out, bool causal, const RunOptions& opts,
                  const SelectTopkOptions& select) {
@@ -339,26 +361,10 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
               hkt ? "HKT" : "THK", "; total_q from qo_indptr[batch_size], max_blocks = ceil(max kv_len / 128)), got ",
               scores.shape_str());
   }
-  const int max_topk = gpu ? 64 : 1 << 20;
-  MSA_CHECK(topk >= 1 && topk <= max_topk, kValue, fn, ": argument 'topk': expected 1..", max_topk, ", got ", topk);
-  MSA_CHECK(force_begin >= 0, kValue, fn, ": argument 'force_begin': expected >= 0, got ", force_begin);
-  MSA_CHECK(force_end >= 0, kValue, fn, ": argument 'force_end': expected >= 0, got ", force_end);
-  MSA_CHECK(force_begin + force_end <= topk, kValue, fn,
-            ": arguments 'force_begin' + 'force_end': expected <= topk = ", topk, ", got ",
-            force_begin + force_end);
-  arg(fn, "out", out).present().ndim(3, "[total_q, num_heads, topk]").device(dev)
-      .size(0, T, "total_q").size(1, H, "num_heads").size(2, topk, "topk").nonneg_strides();
+  selection_args(fn, gpu, dev, T, H, topk, force_begin, force_end, out, causal, p);
   p.scores = scores.data_as<const float>();
   p.num_heads = static_cast<int32_t>(H);
   p.max_blocks = static_cast<int32_t>(NB);
-  p.topk = topk;
-  p.force_begin = force_begin;
-  p.force_end = force_end;
-  p.causal = causal;
-  p.out = out.data_as<int32_t>();
-  p.out_stride_token = out.stride(0);
-  p.out_stride_head = out.stride(1);
-  p.out_stride_k = out.stride(2);
   p.finite_only = select.finite_only;
   if (select.block_map.defined()) {
     arg(fn, "block_map", select.block_map).ndim(2, "[batch_size, max_blocks]").device(dev)
@@ -381,6 +387,67 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
     cuda::select_topk(p, opts.stream);
   else
     reference::select_topk(p);
+}
+
+void merge_candidates(const TensorView& cand_scores, const TensorView& cand_ids, const Sequences& seqs,
+                      int max_blocks, int topk, int force_begin, int force_end, const TensorView& out, bool causal,
+                      const RunOptions& opts) {
+  const char* fn = "msa.merge_candidates";
+  const Device dev = cand_scores.device();
+  const bool gpu = dev.is_cuda();
+  check_cuda_ready(fn, dev);
+  arg(fn, "cand_scores", cand_scores).present();
+  check_dtypes(fn, {{"cand_scores", cand_scores, {DType::kF32}},
+                    {"cand_ids", cand_ids, {DType::kI32}},
+                    {"qo_indptr", seqs.qo_indptr, {DType::kI32}},
+                    {"kv_lens", seqs.kv_lens, {DType::kI32}},
+                    {"qo_offset", seqs.qo_offset, {DType::kI32}},
+                    {"out", out, {DType::kI32}}});
+  arg(fn, "cand_scores", cand_scores).ndim(4, "[num_ranks, total_q, num_heads, k]").nonneg_strides();
+  const int64_t N = cand_scores.size(0), T = cand_scores.size(1), H = cand_scores.size(2), K = cand_scores.size(3);
+  arg(fn, "cand_ids", cand_ids).present().ndim(4, "[num_ranks, total_q, num_heads, k]").device(dev)
+      .size(0, N, "num_ranks").size(1, T, "total_q").size(2, H, "num_heads").size(3, K, "k").nonneg_strides();
+  MSA_CHECK(N >= 1 && K >= 1, kValue, fn, ": argument 'cand_scores': expected at least one rank and one candidate "
+            "per rank, got shape ", cand_scores.shape_str());
+  MSA_CHECK(N * K <= INT32_MAX, kValue, fn, ": argument 'cand_scores': expected num_ranks x k < 2^31, got shape ",
+            cand_scores.shape_str());
+  MSA_CHECK(max_blocks >= 1, kValue, fn, ": argument 'max_blocks': expected >= 1, got ", max_blocks);
+  const int64_t B = seqs.kv_lens.defined() ? seqs.kv_lens.size(0) : 0;
+  MSA_CHECK(B >= 1, kValue, fn, ": argument 'kv_lens': expected at least one request");
+  MergeCandidatesParams p;
+  SelectTopkParams& s = p.select;
+  s.seqs = seq_params(fn, seqs, B, dev, T);
+  std::optional<HostSeqs> h;
+  if (!gpu || opts.validate) {
+    h = host_seqs(seqs, opts.stream);
+    int64_t need_t = std::max<int64_t>(h->qo_indptr.at(B), 0), need_nb = 0;
+    for (int64_t b = 0; b < B; ++b) need_nb = std::max(need_nb, ceil_div(std::max<int64_t>(h->kv_len(b), 0), kBlock));
+    MSA_CHECK(T >= need_t, kValue, fn, ": argument 'cand_scores': expected total_q >= ", need_t,
+              " (qo_indptr[batch_size]), got shape ", cand_scores.shape_str());
+    MSA_CHECK(max_blocks >= need_nb, kValue, fn, ": argument 'max_blocks': expected >= ", need_nb,
+              " (ceil(max kv_len / 128)), got ", max_blocks);
+  }
+  selection_args(fn, gpu, dev, T, H, topk, force_begin, force_end, out, causal, s);
+  s.num_heads = static_cast<int32_t>(H);
+  s.max_blocks = max_blocks;
+  p.scores = cand_scores.data_as<const float>();
+  p.s_stride_rank = cand_scores.stride(0);
+  p.s_stride_token = cand_scores.stride(1);
+  p.s_stride_head = cand_scores.stride(2);
+  p.s_stride_k = cand_scores.stride(3);
+  p.ids = cand_ids.data_as<const int32_t>();
+  p.i_stride_rank = cand_ids.stride(0);
+  p.i_stride_token = cand_ids.stride(1);
+  p.i_stride_head = cand_ids.stride(2);
+  p.i_stride_k = cand_ids.stride(3);
+  p.num_ranks = static_cast<int32_t>(N);
+  p.per_rank = static_cast<int32_t>(K);
+  if (h) check_seq_values(fn, *h, B, T, causal, nullptr, "cand_scores");
+  if (T == 0 || H == 0) return;
+  if (gpu)
+    cuda::merge_candidates(p, opts.stream);
+  else
+    reference::merge_candidates(p);
 }
 
 void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const TensorView& o, const TensorView& lse_out,

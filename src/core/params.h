@@ -96,6 +96,17 @@ struct SelectTopkParams {
   int64_t os_stride_token = 0, os_stride_head = 0, os_stride_k = 0;
 };
 
+// merge_candidates: the selection of select_topk over rows that hold each candidate's score at its block id
+// and NaN at every other block. select.scores is unused.
+struct MergeCandidatesParams {
+  SelectTopkParams select;
+  const float* scores = nullptr;  // [N, T, H, k]
+  int64_t s_stride_rank = 0, s_stride_token = 0, s_stride_head = 0, s_stride_k = 0;
+  const int32_t* ids = nullptr;   // [N, T, H, k]: global block ids; < 0 or >= max_blocks: no candidate
+  int64_t i_stride_rank = 0, i_stride_token = 0, i_stride_head = 0, i_stride_k = 0;
+  int32_t num_ranks = 0, per_rank = 0;
+};
+
 struct MergeParams {
   ScalarType v_dtype = ScalarType::kF32;  // of the parts
   ScalarType o_dtype = ScalarType::kBF16;

@@ -88,8 +88,9 @@ struct RanksHigher {
 // topk - force_begin - force_end best candidates (the other valid blocks; with finite_only only those of finite
 // score), all of them when fewer; ascending, -1 after them. With fewer valid blocks than topk every candidate
 // is taken, so that case needs no branch of its own.
-void select_item(const SelectTopkParams& p, const BatchMap& batch, int64_t t, int32_t h,
-                 std::vector<int32_t>& chosen) {
+// row / stride: the (token t, head h) row's scores (select_topk's, or one merge_candidates builds).
+void select_from_row(const SelectTopkParams& p, const BatchMap& batch, int64_t t, int32_t h, const float* row,
+                     int64_t stride, std::vector<int32_t>& chosen) {
   const TokenPlace pl = batch.place(t);
   int64_t valid = 0;  // valid blocks are [0, valid)
   if (pl.request >= 0) {
@@ -98,8 +99,7 @@ void select_item(const SelectTopkParams& p, const BatchMap& batch, int64_t t, in
     valid = std::min<int64_t>(valid, p.max_blocks);
   }
   const int32_t nv = static_cast<int32_t>(valid);
-  const float* row = p.scores + t * p.s_stride_token + h * p.s_stride_head;
-  auto score = [&](int32_t blk) { return row[blk * p.s_stride_block]; };
+  auto score = [&](int32_t blk) { return row[blk * stride]; };
   auto forced = [&](int32_t blk) { return blk < p.force_begin || blk >= nv - p.force_end; };
   chosen.clear();
   for (int32_t blk = 0; blk < nv; ++blk)
@@ -109,7 +109,7 @@ void select_item(const SelectTopkParams& p, const BatchMap& batch, int64_t t, in
     if (!forced(blk) && (!p.finite_only || std::isfinite(score(blk)))) chosen.push_back(blk);
   const size_t by_score = static_cast<size_t>(p.topk - p.force_begin - p.force_end);
   const size_t keep = num_forced + std::min(by_score, chosen.size() - num_forced);
-  const RanksHigher order{row, p.s_stride_block};
+  const RanksHigher order{row, stride};
   std::nth_element(chosen.begin() + num_forced, chosen.begin() + keep, chosen.end(), order);
   chosen.resize(keep);
   std::sort(chosen.begin(), chosen.end());
@@ -122,6 +122,33 @@ void select_item(const SelectTopkParams& p, const BatchMap& batch, int64_t t, in
     out[i * p.out_stride_k] = blk < 0 ? -1 : map ? map[blk * p.bm_stride_block] : blk;
     if (out_scores) out_scores[i * p.os_stride_k] = blk < 0 ? std::numeric_limits<float>::quiet_NaN() : score(blk);
   }
+}
+
+void select_item(const SelectTopkParams& p, const BatchMap& batch, int64_t t, int32_t h,
+                 std::vector<int32_t>& chosen) {
+  select_from_row(p, batch, t, h, p.scores + t * p.s_stride_token + h * p.s_stride_head, p.s_stride_block, chosen);
+}
+
+struct MergeScratch {
+  std::vector<float> row;
+  std::vector<int32_t> chosen;
+};
+
+// The row of candidates: NaN everywhere, each candidate's score at its block id; a block proposed twice keeps
+// the score that ranks higher (NaN lowest), whatever the order of the proposals.
+void merge_item(const MergeCandidatesParams& p, const BatchMap& batch, int64_t t, int32_t h, MergeScratch& w) {
+  const int32_t nb = p.select.max_blocks;
+  w.row.assign(static_cast<size_t>(nb), std::numeric_limits<float>::quiet_NaN());
+  for (int32_t r = 0; r < p.num_ranks; ++r) {
+    for (int32_t c = 0; c < p.per_rank; ++c) {
+      const int32_t id = p.ids[r * p.i_stride_rank + t * p.i_stride_token + h * p.i_stride_head + c * p.i_stride_k];
+      if (id < 0 || id >= nb) continue;
+      const float sc = p.scores[r * p.s_stride_rank + t * p.s_stride_token + h * p.s_stride_head + c * p.s_stride_k];
+      float& cur = w.row[static_cast<size_t>(id)];
+      if (std::isnan(cur) || (!std::isnan(sc) && sc > cur)) cur = sc;
+    }
+  }
+  select_from_row(p.select, batch, t, h, w.row.data(), 1, w.chosen);
 }
 
 }  // namespace
@@ -141,6 +168,15 @@ void select_topk(const SelectTopkParams& p) {
   std::vector<std::vector<int32_t>> scratch(worker_count(items));
   parallel_for(items, [&](int64_t i, int worker) {
     select_item(p, batch, i / p.num_heads, static_cast<int32_t>(i % p.num_heads), scratch[worker]);
+  });
+}
+
+void merge_candidates(const MergeCandidatesParams& p) {
+  const BatchMap batch(p.select.seqs);
+  const int64_t items = p.select.seqs.total_q * p.select.num_heads;
+  std::vector<MergeScratch> scratch(worker_count(items));
+  parallel_for(items, [&](int64_t i, int worker) {
+    merge_item(p, batch, i / p.select.num_heads, static_cast<int32_t>(i % p.select.num_heads), scratch[worker]);
   });
 }
 

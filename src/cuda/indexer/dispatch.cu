@@ -81,4 +81,13 @@ void select_topk(const SelectTopkParams& p, void* stream) {
   launch_select_topk(p, static_cast<cudaStream_t>(stream));
 }
 
+void merge_candidates(const MergeCandidatesParams& p, void* stream) {
+  using namespace indexer;
+  const char* fn = "msa.merge_candidates";
+  MSA_CHECK(p.select.topk >= 1 && p.select.topk <= kTopkMaxK, kValue, fn, ": argument 'topk': expected 1..", kTopkMaxK,
+            ", got ", p.select.topk);
+  DeviceGuard guard(device_of(p.scores, fn));
+  launch_merge_candidates(p, static_cast<cudaStream_t>(stream));
+}
+
 }  // namespace msa::detail::cuda

@@ -35,6 +35,7 @@ void launch_scores_sm90_fp8(const BlockScoresParams& p, cudaStream_t stream);
 void launch_scores_portable(const BlockScoresParams& p, cudaStream_t stream);
 
 void launch_select_topk(const SelectTopkParams& p, cudaStream_t stream);
+void launch_merge_candidates(const MergeCandidatesParams& p, cudaStream_t stream);
 
 // Calls f(QT*, KT*) (null pointers as type tags) with the (query, index-key) element types of p:
 // QT = __nv_bfloat16 or __half; KT = QT, or Fp8Tag (scores_stream.cuh) for fp8 e4m3 keys.

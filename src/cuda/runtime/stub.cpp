@@ -20,6 +20,7 @@ std::shared_ptr<PlanState> make_plan_state(const Plan&) { no_cuda(); }
 void attention(const Plan&, const AttentionParams&, void*) { no_cuda(); }
 void block_scores(const BlockScoresParams&, void*) { no_cuda(); }
 void select_topk(const SelectTopkParams&, void*) { no_cuda(); }
+void merge_candidates(const MergeCandidatesParams&, void*) { no_cuda(); }
 void merge_states(const MergeParams&, void*) { no_cuda(); }
 void build_page_table(const PageTableBuildParams&, void*) { no_cuda(); }
 void write_cache(const WriteCacheParams&, void*) { no_cuda(); }

@@ -49,8 +49,8 @@ def test_forced_blocks_offsets_page128_fp8_index(rng, phase):
         check(torch, batch, phase, layout, world, 5, rng, max_kv=1792, force_begin=1, force_end=2)
 
 
-def test_prefill_merge_chunks_equal_one_call(rng):
-    """The chunked prefill merge (a request per token) selects what one select_topk call over the requests does."""
+def test_prefill_merge_is_select_topk_over_the_scattered_candidates(rng):
+    """msa.merge_candidates selects what one select_topk call does over the candidates scattered into NaN rows."""
     batch = make_batch(torch, rng, PREFILL["qo_lens"], PREFILL["kv_lens"])
     sh = shards(torch, "round_robin", 4, batch, 11, rng)
     steps = [dist.PrefillStep(s, dist.shard_page_table(batch["page_table"], s, 64), batch["qo_lens"],
@@ -58,9 +58,13 @@ def test_prefill_merge_chunks_equal_one_call(rng):
     c = [dist.local_candidates(st, batch["q_index"], batch["k_index"], 4) for st in steps]
     s_all, i_all = torch.stack([x[0] for x in c]), torch.stack([x[1] for x in c])
     st = steps[0]
-    one = dist.merge_candidates(s_all, i_all, st.qo_indptr, st.kv_lens, 4, 11)
-    chunked = dist.merge_candidates(s_all, i_all, st.qo_indptr, st.kv_lens, 4, 11, token_chunk=37)
-    np.testing.assert_array_equal(one.numpy(), chunked.numpy())
+    T, H = s_all.shape[1], s_all.shape[2]
+    rows = torch.full((T, H, 12), float("nan"))
+    ids = i_all.permute(1, 2, 0, 3).reshape(T, H, -1).long()
+    rows.scatter_(2, torch.where(ids >= 0, ids, 11), s_all.permute(1, 2, 0, 3).reshape(T, H, -1))
+    want = msa.select_topk(rows[:, :, :11], st.qo_indptr, st.kv_lens, 4, layout="THK")
+    got = dist.merge_candidates(s_all, i_all, st.qo_indptr, st.kv_lens, 4, 11)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
 def test_rank_without_selected_blocks_returns_empty_state(rng):

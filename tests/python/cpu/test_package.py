@@ -11,7 +11,8 @@ import pytest
 import msa
 
 PUBLIC = ["Plan", "attention", "block_scores", "build_page_table", "cuda_available", "cuda_compute_capability",
-          "merge_states", "plan_decode", "plan_prefill", "select_topk", "sparse_attention_layer", "write_cache"]
+          "merge_candidates", "merge_states", "plan_decode", "plan_prefill", "select_topk", "sparse_attention_layer",
+          "write_cache"]
 
 
 def test_import_and_run_without_torch():

@@ -1,0 +1,85 @@
+// merge_candidates (docs/sharding.md): select_topk over rows built from N ranks' candidate lists, one warp per
+// (token, head) row. The warp writes its row's keys into shared memory -- the NaN key (1) at every block that can
+// be chosen by score, 0 at the others, then each candidate's key at its block id (atomicMax: a block proposed
+// twice keeps the higher key) -- and selects from them with select_topk's search and ascending pass (topk.cuh).
+// The result is select_topk's over the scattered score row, with no [T, H, max_blocks] tensor in memory and one
+// launch instead of a fill, a scatter and a selection.
+#pragma once
+
+#include "cuda/indexer/topk.cuh"
+
+namespace msa::detail::cuda::indexer {
+
+inline constexpr int kMergePreloaded = 4;  // candidates per lane loaded before the request lookup resolves
+
+// Launched with PDL on sm_90 (the candidates come from the exchange or the scan just before).
+__global__ void __launch_bounds__(256) merge_candidates_kernel(const MergeCandidatesParams mp, int row_words) {
+  extern __shared__ uint32_t smem_keys[];
+  arch::grid_dependency_wait();
+  arch::allow_dependent_launch();
+  const SelectTopkParams& p = mp.select;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t T = p.seqs.total_q;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  if (row >= T * p.num_heads) return;
+  const int64_t t = row / p.num_heads;
+  const int h = static_cast<int>(row - t * p.num_heads);
+  const int m = mp.num_ranks * mp.per_rank;
+  const auto cand = [&](int c, int32_t* id, float* s) {
+    const int r = c / mp.per_rank, k = c - r * mp.per_rank;
+    *id = __ldg(mp.ids + r * mp.i_stride_rank + t * mp.i_stride_token + h * mp.i_stride_head + k * mp.i_stride_k);
+    *s = __ldg(mp.scores + r * mp.s_stride_rank + t * mp.s_stride_token + h * mp.s_stride_head + k * mp.s_stride_k);
+  };
+  // The first candidates and the guessed request's lengths are loaded together (one round trip, as select_topk's
+  // decode form: the request of token t is guessed as t * B / T, exact for uniform batches, searched otherwise).
+  int32_t pre_id[kMergePreloaded];
+  float pre_s[kMergePreloaded];
+#pragma unroll
+  for (int j = 0; j < kMergePreloaded; ++j) {
+    pre_id[j] = -1;
+    if (lane + 32 * j < m) cand(lane + 32 * j, &pre_id[j], &pre_s[j]);
+  }
+  int b = static_cast<int>(t * p.seqs.batch_size / T);
+  Request rq = load_request(p.seqs, b);
+  if (!(rq.q_begin <= t && t < rq.q_begin + rq.q_len)) {
+    auto indptr = [&](int i) { return clamp_to<int64_t>(p.seqs.qo_indptr[i], 0, T); };
+    b = warp_last_le(p.seqs.batch_size, t, indptr);
+    if (b < 0) return;
+    rq = load_request(p.seqs, b);
+    if (t >= rq.q_begin + rq.q_len) return;  // not a token of the batch (as select_topk)
+  }
+  const RowSink sink{p, p.out + t * p.out_stride_token + h * p.out_stride_head, b, false};
+  const int64_t pos = rq.offset + (t - rq.q_begin);
+  const int64_t nkv = min64((rq.kv_len + kBlock - 1) / kBlock, p.max_blocks);
+  const int n = static_cast<int>(p.causal ? (pos < 0 ? 0 : min64(pos / kBlock + 1, nkv)) : nkv);
+  if (n <= p.topk) {  // every valid block, whatever the candidates
+    for (int j = lane; j < p.topk; j += 32) {
+      if (j < n)
+        sink.put(j, j);
+      else
+        sink.empty(j);
+    }
+    return;
+  }
+  const int lo = p.force_begin, hi = n - p.force_end;  // blocks chosen by score
+  const int nch = (n + 31) / 32;
+  uint32_t* buf = smem_keys + warp * row_words;
+  for (int i = 0; i < nch; ++i) {
+    const int blk = 32 * i + lane;
+    buf[blk] = blk >= lo && blk < hi ? 1u : 0u;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < kMergePreloaded; ++j)
+    if (pre_id[j] >= lo && pre_id[j] < hi) atomicMax(buf + pre_id[j], score_key(pre_s[j], false));
+  for (int c = lane + 32 * kMergePreloaded; c < m; c += 32) {
+    int32_t id;
+    float s;
+    cand(c, &id, &s);
+    if (id >= lo && id < hi) atomicMax(buf + id, score_key(s, false));
+  }
+  __syncwarp();
+  select_row(SmemKeys{buf, nch}, n, p, false, sink);
+}
+
+}  // namespace msa::detail::cuda::indexer
