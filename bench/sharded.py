@@ -11,9 +11,11 @@ Rows (workload ids of shared/spec/benchmarks.md, "sharded rows"):
     ranks=2, ranks=4  one rank's part on one GPU, rank 0 of Shard.round_robin (block g on rank g % N), its
                       index-K pages in a pool of their own (shuffled placement), its DecodeStep built outside
                       the timing (once per forward step in an engine):
-                        msa-scan  local_candidates: the scan of 1/N of the sequence and the rank's top-k
-                        msa       local_candidates + merge_candidates over all N ranks' candidates (the other
-                                  ranks' computed beforehand): the rank's whole step less the exchange
+                        msa-scan  local_candidates: the scan of 1/N of the sequence and the rank's top-k,
+                                  written into slot 0 of the buffer an all-gather fills
+                        msa-merge merge_candidates over all N ranks' candidates alone
+                        msa       local_candidates + merge_candidates (the other ranks' candidates computed
+                                  beforehand): the rank's whole step less the exchange
                       vs_unsharded = us / the ranks=1 us; max_err (msa): rows of the merged selection that
                       differ from the unsharded one; exchange_sent_bytes / exchange_recv_bytes: the candidates
                       one rank sends and receives (T x 4 x 16 x 8 B, from each other rank).
@@ -197,23 +199,24 @@ class RankPart:
         self.step, self.k, self.k_scale = c.rank_view(world, 0, gen)
         others = [c.candidates_of(world, r) for r in range(1, world)]
         B = INDEXER[1]
-        self.cand_s = torch.full((world, B, INDEX_HEADS, TOPK), float("nan"), device="cuda")
-        self.cand_i = torch.full((world, B, INDEX_HEADS, TOPK), -1, device="cuda", dtype=torch.int32)
+        # The buffer an all-gather fills: [N, T, H, k] (score bits, id) pairs; rank 0's scan writes slot 0.
+        self.recv = torch.empty((world, B, INDEX_HEADS, TOPK, 2), device="cuda", dtype=torch.int32)
         for r, (s, i) in enumerate(others, start=1):
-            self.cand_s[r].copy_(s)
-            self.cand_i[r].copy_(i)
+            self.recv[r, ..., 0].copy_(s.view(torch.int32))
+            self.recv[r, ..., 1].copy_(i)
         self.idx = torch.empty_like(c.idx)
 
     def scan(self):
-        return mdist.local_candidates(self.step, self.c.q, self.k, TOPK, k_scale=self.k_scale)
+        return mdist.local_candidates(self.step, self.c.q, self.k, TOPK, k_scale=self.k_scale, out=self.recv[0])
+
+    def merge(self):
+        c = self.c
+        mdist.merge_candidates(self.recv[..., 0].view(torch.float32), self.recv[..., 1], c.qo_indptr, c.kv_lens, TOPK,
+                               c.nb, force_begin=0, force_end=1, out=self.idx)
 
     def step_without_exchange(self):
-        s, i = self.scan()
-        self.cand_s[0].copy_(s)
-        self.cand_i[0].copy_(i)
-        c = self.c
-        mdist.merge_candidates(self.cand_s, self.cand_i, c.qo_indptr, c.kv_lens, TOPK, c.nb, force_begin=0,
-                               force_end=1, out=self.idx)
+        self.scan()
+        self.merge()
 
 
 def indexer_rows(ceil: dict, args) -> tuple[list, dict]:
@@ -235,6 +238,7 @@ def indexer_rows(ceil: dict, args) -> tuple[list, dict]:
         for world in (2, 4):
             parts = [RankPart(c, world, gen) for c in copies]
             scan_us = timed_graph([p.scan for p in parts], args.iters)
+            merge_us = timed_graph([p.merge for p in parts], args.iters)
             us = timed_graph([p.step_without_exchange for p in parts], args.iters)
             copies[0].step()
             parts[0].step_without_exchange()
@@ -249,6 +253,9 @@ def indexer_rows(ceil: dict, args) -> tuple[list, dict]:
                                   meets_bar=scan_us / us1 <= BAR_SCAN_RANKS4)
             rows.append(common.row(name, "M3-indexer", f"ranks={world}", "msa-scan", scan_us, ceil=ceil,
                                    gbps=nbytes / (scan_us * 1e-6) / 1e9, **scan_extra))
+            print_row(rows[-1])
+            rows.append(common.row(name, "M3-indexer", f"ranks={world}", "msa-merge", merge_us, ceil=ceil,
+                                   vs_unsharded=round(merge_us / us1, 4), **common_fields))
             print_row(rows[-1])
             rows.append(common.row(name, "M3-indexer", f"ranks={world}", "msa", us, ceil=ceil,
                                    gbps=nbytes / (us * 1e-6) / 1e9, max_err=bad, vs_unsharded=round(us / us1, 4),

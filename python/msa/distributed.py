@@ -255,15 +255,20 @@ class PrefillStep:
 # The steps: local candidates, their merge, local attention and its merge
 # ---------------------------------------------------------------------------------------------------
 
-def local_candidates(step, q_index, k_index, topk: int, *, k_scale=None):
+def local_candidates(step, q_index, k_index, topk: int, *, k_scale=None, out=None):
     """The rank's best topk blocks per (token, index head) among its own blocks: (scores fp32 [T, H, topk],
     global block ids int32 [T, H, topk]); empty slots have score NaN and id -1.
 
     q_index: [T, H, D], every index head of the layer; k_index: the rank's index-K pages
-    [pages, Hk, page_size, D] (H % Hk == 0), fp8 with k_scale as for msa.block_scores."""
+    [pages, Hk, page_size, D] (H % Hk == 0), fp8 with k_scale as for msa.block_scores.
+    out: int32 [T, H, topk, 2] to write into, (score bits, id) per slot: the buffer an exchange sends as it is;
+    the returned scores and ids are then its two strided halves."""
     T, H = q_index.shape[0], q_index.shape[1]
+    if out is None:
+        out = torch.empty((T, H, topk, 2), dtype=torch.int32, device=q_index.device)
+    cand_s, cand_i = _unpack(out)
     nl = step.shard.local_blocks
-    cand_s = cand_i = None
+    covered = False
     for rows, table, indptr, lkv, off, flag, owned in step._groups():
         if rows is not None and rows.numel() == T:
             rows = None  # the group holds every token, in order (its rows are distinct and ascending)
@@ -272,19 +277,22 @@ def local_candidates(step, q_index, k_index, topk: int, *, k_scale=None):
                                    layout="THK", causal=flag)
         # Local block j of a (sub-)request is global block owned[request, j]: select_topk writes the global ids
         # and the scores of its picks (NaN, -1 at the empty slots).
-        ids, s = _msa.select_topk(scores, indptr, lkv, topk, qo_offset=off, layout="THK", force_begin=0,
-                                  force_end=0, causal=flag, block_map=owned, return_scores=True)
         if rows is None:
-            cand_s, cand_i = s, ids
+            _msa.select_topk(scores, indptr, lkv, topk, qo_offset=off, layout="THK", force_begin=0, force_end=0,
+                             causal=flag, block_map=owned, out=cand_i, out_scores=cand_s)
+            covered = True
             continue
-        if cand_s is None:  # tokens in no group see none of the rank's keys
-            cand_s = torch.full((T, H, topk), float("nan"), dtype=torch.float32, device=q_index.device)
-            cand_i = torch.full((T, H, topk), -1, dtype=torch.int32, device=q_index.device)
-        cand_s.index_copy_(0, rows, s)
+        ids, sc = _msa.select_topk(scores, indptr, lkv, topk, qo_offset=off, layout="THK", force_begin=0,
+                                   force_end=0, causal=flag, block_map=owned, return_scores=True)
+        if not covered:  # tokens in no group see none of the rank's keys
+            cand_s.fill_(float("nan"))
+            cand_i.fill_(-1)
+            covered = True
+        cand_s.index_copy_(0, rows, sc)
         cand_i.index_copy_(0, rows, ids)
-    if cand_s is None:
-        cand_s = torch.full((T, H, topk), float("nan"), dtype=torch.float32, device=q_index.device)
-        cand_i = torch.full((T, H, topk), -1, dtype=torch.int32, device=q_index.device)
+    if not covered:
+        cand_s.fill_(float("nan"))
+        cand_i.fill_(-1)
     return cand_s, cand_i
 
 
@@ -354,10 +362,15 @@ def _all_gather(group, t):
 
 
 def exchange_candidates(group, cand_scores, cand_ids):
-    """All ranks' candidates, [N, T, H, k] each: one all-gather of (score, id) packed as 8 bytes per slot."""
+    """All ranks' candidates, [N, T, H, k] each (the two strided halves of the gathered buffer): one all-gather of
+    (score, id) packed as 8 bytes per slot."""
     packed = torch.stack([cand_scores.view(torch.int32), cand_ids], dim=-1)  # bit copies, no float arithmetic
-    got = _all_gather(group, packed)
-    return got[..., 0].contiguous().view(torch.float32), got[..., 1].contiguous()
+    return _unpack(_all_gather(group, packed))
+
+
+def _unpack(packed):
+    """(scores, ids) of a packed [..., 2] int32 candidate buffer, as strided views (merge_candidates takes them)."""
+    return packed[..., 0].view(torch.float32), packed[..., 1]
 
 
 def sharded_indexer(group, step, q_index, k_index, topk: int, *, k_scale=None, force_begin=0, force_end=1,
@@ -365,8 +378,9 @@ def sharded_indexer(group, step, q_index, k_index, topk: int, *, k_scale=None, f
     """The indexer step of a sparse layer with the index keys sharded over the group: every rank scores its own
     blocks for all index heads, the candidates are all-gathered and every rank merges them into the global
     selection [T, H, topk] (the single-device one). Tensor parallelism: a rank then uses the rows of its heads."""
-    s, i = local_candidates(step, q_index, k_index, topk, k_scale=k_scale)
-    s_all, i_all = exchange_candidates(group, s, i)
+    packed = torch.empty((q_index.shape[0], q_index.shape[1], topk, 2), dtype=torch.int32, device=q_index.device)
+    local_candidates(step, q_index, k_index, topk, k_scale=k_scale, out=packed)  # sent as written: no packing copy
+    s_all, i_all = _unpack(_all_gather(group, packed))
     return merge_candidates(s_all, i_all, step.qo_indptr, step.kv_lens, topk, step.shard.max_blocks,
                             qo_offset=step.qo_offset, force_begin=force_begin, force_end=force_end,
                             causal=step.causal, out=out)
