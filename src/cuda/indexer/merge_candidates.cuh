@@ -1,7 +1,8 @@
 // merge_candidates (docs/sharding.md): select_topk over rows built from N ranks' candidate lists, one warp per
 // (token, head) row. The warp writes its row's keys into shared memory -- the NaN key (1) at every block that can
 // be chosen by score, 0 at the others, then each candidate's key at its block id (atomicMax: a block proposed
-// twice keeps the higher key) -- and selects from them with select_topk's search and ascending pass (topk.cuh).
+// twice keeps the higher key) -- and selects from them with select_topk's search and ascending pass (topk.cuh),
+// the keys in registers for rows of up to 2048 blocks (as select_topk holds them).
 // The result is select_topk's over the scattered score row, with no [T, H, max_blocks] tensor in memory and one
 // launch instead of a fill, a scatter and a selection.
 #pragma once
@@ -79,7 +80,18 @@ __global__ void __launch_bounds__(256) merge_candidates_kernel(const MergeCandid
     if (id >= lo && id < hi) atomicMax(buf + id, score_key(s, false));
   }
   __syncwarp();
-  select_row(SmemKeys{buf, nch}, n, p, false, sink);
+  if (nch * 32 <= kTopkMaxRegBlocks) {
+    // The search reads every key once per bit: from registers, not from shared memory (LDS-bound otherwise).
+    with_keys_per_lane<1, kTopkMaxRegBlocks / 32>(nch, [&](auto c) {
+      constexpr int C = decltype(c)::value;
+      RegKeys<C> keys;
+#pragma unroll
+      for (int i = 0; i < C; ++i) keys.k[i] = i < nch ? buf[32 * i + lane] : 0u;
+      select_row(keys, n, p, false, sink);
+    });
+  } else {
+    select_row(SmemKeys{buf, nch}, n, p, false, sink);
+  }
 }
 
 }  // namespace msa::detail::cuda::indexer
