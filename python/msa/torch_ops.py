@@ -16,6 +16,8 @@ let FakeTensor / torch.compile propagate through them):
     torch.ops.msa.select_topk(scores, qo_indptr, kv_lens, topk: int, qo_offset?, layout: str, force_begin: int,
                               force_end: int, causal: bool, out!, validate: bool, finite_only: bool, block_map?,
                               out_scores!?)
+    torch.ops.msa.merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, qo_offset?, max_blocks: int,
+                                   topk: int, force_begin: int, force_end: int, causal: bool, out!, validate: bool)
     torch.ops.msa.build_page_table(req_to_token, req_pool_indices, seq_lens, page_size: int, out!)
     torch.ops.msa.merge_states(v_parts, lse_parts, out!, lse_out!?)
 
@@ -147,6 +149,20 @@ def _(scores, qo_indptr, kv_lens, topk, qo_offset, layout, force_begin, force_en
     return None
 
 
+@torch.library.custom_op("msa::merge_candidates", mutates_args=("out",))
+def _merge_candidates_op(cand_scores: torch.Tensor, cand_ids: torch.Tensor, qo_indptr: torch.Tensor,
+                         kv_lens: torch.Tensor, qo_offset: Optional[torch.Tensor], max_blocks: int, topk: int,
+                         force_begin: int, force_end: int, causal: bool, out: torch.Tensor, validate: bool) -> None:
+    _msa.merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk, max_blocks, qo_offset=qo_offset,
+                          force_begin=force_begin, force_end=force_end, causal=causal, out=out, validate=validate)
+
+
+@_merge_candidates_op.register_fake
+def _(cand_scores, cand_ids, qo_indptr, kv_lens, qo_offset, max_blocks, topk, force_begin, force_end, causal, out,
+      validate):
+    return None
+
+
 @torch.library.custom_op("msa::build_page_table", mutates_args=("out",))
 def _build_page_table_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                          page_size: int, out: torch.Tensor) -> None:
@@ -241,6 +257,21 @@ def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT
                          force_begin=force_begin, force_end=force_end, causal=causal, finite_only=finite_only,
                          block_map=block_map, out=out, out_scores=out_scores, validate=validate)
     return (out, out_scores) if return_scores else out
+
+
+def merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk, max_blocks, *, qo_offset=None, force_begin=0,
+                     force_end=1, causal=True, out=None, validate=False):
+    """msa.merge_candidates for torch tensors."""
+    if out is None:
+        out = cand_scores.new_empty((cand_scores.shape[1], cand_scores.shape[2], topk), dtype=torch.int32)
+    if not _direct(cand_scores):
+        torch.ops.msa.merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, qo_offset, max_blocks, topk,
+                                       force_begin, force_end, causal, out, validate)
+    else:
+        _msa.merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk, max_blocks, qo_offset=qo_offset,
+                              force_begin=force_begin, force_end=force_end, causal=causal, out=out,
+                              validate=validate)
+    return out
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max_pages=None, out=None):

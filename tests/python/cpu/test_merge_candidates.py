@@ -65,3 +65,18 @@ def test_merge_checks_its_arguments(rng):
         msa.merge_candidates(cs, ci, qo_indptr, kv, 4, 5)
     with pytest.raises(ValueError, match=r"argument 'cand_scores': expected 4 dimensions|argument 'cand_scores'.*4"):
         msa.merge_candidates(cs[0], ci[0], qo_indptr, kv, 4, nb)
+
+
+def test_torch_op(rng):
+    """torch.ops.msa.merge_candidates (msa.torch_ops): the op's schema, and the wrapper against msa's call."""
+    torch = pytest.importorskip("torch")
+    import msa.torch_ops as mt_ops
+
+    qo_indptr, kv, offset, nb, cs, ci = random_case(rng, [1, 3, 2], [900, 1500, 2600], 3, 8)
+    t = {k: torch.from_numpy(v) for k, v in dict(cs=cs, ci=ci, qo=qo_indptr, kv=kv, off=offset).items()}
+    out = torch.empty(cs.shape[1], cs.shape[2], 6, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.msa.merge_candidates.default,
+                          (t["cs"], t["ci"], t["qo"], t["kv"], t["off"], nb, 6, 0, 1, True, out, False))
+    got = mt_ops.merge_candidates(t["cs"], t["ci"], t["qo"], t["kv"], 6, nb, qo_offset=t["off"])
+    want = msa.merge_candidates(cs, ci, qo_indptr, kv, 6, nb, qo_offset=offset)
+    np.testing.assert_array_equal(got.numpy(), want)
