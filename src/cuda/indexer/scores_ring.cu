@@ -63,11 +63,7 @@ bool launch_scores_ring(const BlockScoresParams& p, int device, cudaStream_t str
   a.chunks = (p.max_blocks + item_blocks - 1) / item_blocks;
   a.items = static_cast<int64_t>(p.seqs.batch_size) * p.k.num_heads * a.chunks;
   a.page_shift = page_shift(p.k.page_size);
-  // The fewest CTAs (one per SM at most) that deal the items as evenly as all SMs would: where items / SMs is not
-  // whole, the CTAs holding one item more stream it alone at the end (the quarter scan of a 4-way sharded step:
-  // 4096 items, 4 of 132 CTAs with a 32nd), while 128 CTAs of 32 each end together.
-  const int64_t per_cta = (a.items + sm_count(device) - 1) / sm_count(device);
-  const int grid = static_cast<int>((a.items + per_cta - 1) / per_cta);
+  const int grid = static_cast<int>(a.items < sm_count(device) ? a.items : sm_count(device));
   if (fp8)
     f16 ? launch<__half, true>(a, grid, stream) : launch<__nv_bfloat16, true>(a, grid, stream);
   else
