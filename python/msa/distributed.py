@@ -22,8 +22,6 @@ shard.owned[b, j]; its local page table row maps local logical pages (page_size 
 """
 from __future__ import annotations
 
-import math
-
 from ._framework import require_torch
 
 torch = require_torch("msa.distributed", "shards the indexer and sparse attention over torch.distributed ranks")
