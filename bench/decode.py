@@ -252,7 +252,9 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
         variants = [(f"{base}{'-flat' if flat else ''}{suffix}", 0, env, flat) for suffix, env in args.variants
                     for flat in tables]
         if args.sweep_splits and w.batch <= 32:
-            variants += [(f"{base}-splits{s}{suffix}", s, env, False) for s in (1, 2, 4, 8, 16) if w.batch * s <= 512
+            # dense: past 16 splits, the two-level merges (clusters of 16, then the workspace)
+            counts = (1, 2, 4, 8, 16) if w.sparse else (8, 16, 32, 48, 64, 96, 128, 192, 256)
+            variants += [(f"{base}-splits{s}{suffix}", s, env, False) for s in counts if w.batch * s <= 512
                          for suffix, env in args.variants]
         for impl, max_splits, env, flat in variants:
             with environment(env):
@@ -297,7 +299,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="M3-TP1 only, the workloads with bars, fewer iterations")
     ap.add_argument("--shape", choices=sorted(SHAPES), action="append", help="restrict to a shape (repeatable)")
-    ap.add_argument("--sweep-splits", action="store_true", help="also time max_splits 1/2/4/8/16 at B <= 32")
+    ap.add_argument("--sweep-splits", action="store_true",
+                    help="also time max_splits 1/2/4/8/16 at B <= 32 (dense rows: 8 to 256)")
     ap.add_argument("--only", nargs="+", default=None,
                     help="workload names to run, comma- or space-separated (e.g. D-B1,D-mtp or D-B1 D-mtp; "
                          "scripts/device_check.sh turns commas into spaces)")

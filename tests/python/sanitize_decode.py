@@ -70,6 +70,8 @@ def main():
     # 24 splits: more than a cluster holds, so the merge goes through the workspace and the last CTA
     # (on sm_90 the splits above merge inside a thread-block cluster).
     check("decode sparse, workspace merge", prob([1, 1], [3000, 700], topk=32), fixed_split_blocks=1)
+    # 80 items x 4 splits: more clusters than fit at once, so CTAs of a second wave reuse shared memory
+    check("decode sparse, push merge, several waves", prob([1] * 80, [3000] * 80), fixed_split_blocks=4)
     check("decode dense, split", prob([1, 1], [3000, 130], pattern=None))
     check("decode 4 tokens, token kernel, a CTA per token", prob([4, 3], [2000, 900], hkv=2, pattern="clustered"))
     check("decode 4 tokens, token kernel, split, ragged", prob([4, 0, 2], [9000, 50, 900], topk=32), max_splits=4)
@@ -92,10 +94,14 @@ def main():
                                                          pattern=None), decode=False)
 
     # fp8 K/V: the token kernel (K fragments from fp8 rows, V converted), the general kernel's converted tiles,
-    # the two-level dense merge, and the Hopper prefill kernels' widened tiles (query-major and KV-major).
+    # the two-level dense merges of both kernels, and the Hopper prefill kernels' widened tiles (query-major and KV-major).
     check("fp8 decode sparse, token kernel, split", prob([1, 1], [3000, 700]), fp8=True)
     check("fp8 decode 4 tokens, G=4 union tile", prob([4, 3], [2000, 900], g=4, hkv=2, pattern="clustered"), fp8=True)
-    check("fp8 decode dense, two-level merge", prob([1], [40000], pattern=None), fp8=True)
+    check("fp8 decode dense, token kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
+    check("decode dense, token kernel, two-level merge, MTP", prob([2, 1], [40000, 300], pattern=None))
+    os.environ["MSA_PAGED_TOKEN_KERNEL"] = "0"  # the general kernel's two-level merge
+    check("fp8 decode dense, general kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
+    del os.environ["MSA_PAGED_TOKEN_KERNEL"]
     for mode in ("qmajor", "kvmajor"):
         os.environ["MSA_SM90_PREFILL"] = mode
         check(f"fp8 prefill sparse, {mode}", prob([70, 5, 130], [300, 5, 900], hkv=2, g=16), decode=False, fp8=True)

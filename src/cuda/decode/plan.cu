@@ -166,6 +166,38 @@ std::string unsupported_reason(const char* fn, const AttentionConfig& c) {
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Splits of a dense plan on the single-token kernel, and the size of their clusters ({}: the kernel does not take
+// the plan). A CTA walks a contiguous range of at most kTokenMaxTopk blocks (its list is one block per lane of warp
+// 0), so the plan needs at least ceil(blocks / 32) splits. Up to 16 splits form one cluster (push merge). Above,
+// S = parts x 16: `parts` clusters of 16 whose merged rows meet again in the workspace (token_parts_merge.cuh).
+// The plan takes up to two CTAs per SM in clusters that all fit the device at once (H200: 12 clusters of 16).
+// Measured on the H200, dense D-B1 (65536 tokens), bf16 / fp8 us: M3-TP1 12 clusters of 16 41.1 / 26.2; 8 clusters
+// of 16 51.0; 15 of 4 45.7 / 32.2; one CTA per SM (120.7 KB each), 7 clusters of 4, 43.4 / 30.7. M3-TP4 12 of 16
+// 16.5 / 13.2; 30 of 8 19.5 / 16.3; one CTA per SM, 8 of 16, 17.3 / 14.8.
+struct DenseSplits {
+  int64_t splits = 0, cluster = 0;
+};
+template <typename ClustersFit>
+DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaPlanState& dev, const ClustersFit& fit) {
+  const SplitOptions& so = plan.split_options();
+  if (dev.cc < 90 || so.fixed_split_blocks > 0) return {};
+  const int64_t blocks = std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1);
+  const int64_t need = ceil_div64(blocks, kTokenMaxTopk);
+  int64_t target = std::min<int64_t>(2 * dev.sm_count / std::max<int64_t>(items, 1), blocks);
+  if (so.max_splits > 0) target = std::min<int64_t>(target, so.max_splits);
+  DenseSplits best;
+  if (target > kTokenMaxSplits) {
+    const int64_t parts = std::min({target / kTokenMaxSplits, int64_t{kTokenMaxParts}, fit(kTokenMaxSplits) / items});
+    if (parts >= 2) best = {parts * kTokenMaxSplits, kTokenMaxSplits};
+  }
+  if (best.splits == 0) {
+    int64_t n = std::clamp<int64_t>(target, 1, kTokenMaxSplits);
+    while (n > 1 && fit(n) < items) --n;
+    best = {n, n};
+  }
+  return best.splits >= need ? best : DenseSplits{};
+}
+
 // The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
 // request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
 // splits merge in a cluster; below sm_90 code only plans it runs unsplit, where its ~104 KB of shared
@@ -178,7 +210,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   if (!knobs::token_decode_kernel("msa.plan_decode")) return false;
   const int tq = std::max(plan.max_qo_len(), 1);
   if (tq > kTokenMaxQoLen || c.head_dim != kTokenHeadDim || c.dv() != kTokenHeadDim) return false;
-  if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 1 || c.topk > kTokenMaxTopk) return false;
+  const bool dense = c.topk == 0;  // every block of the visible range (plan_token_dense_splits)
+  if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 0 || c.topk > kTokenMaxTopk) return false;
   if (tq > 1 && 2 * c.group_size() <= kTokenRows) return false;  // the general kernel packs several tokens per tile
   if (static_cast<int64_t>(plan.batch_size()) * std::bit_ceil(static_cast<unsigned>(tq)) > INT32_MAX) return false;  // grid.x
   if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
@@ -223,7 +256,14 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   // workspace merge splits the others.
   if (dev.cc < 90 && so.fixed_split_blocks > 0) return false;
   int64_t splits = 1;
-  if (so.fixed_split_blocks > 0) {
+  int cluster = 0;  // the splits of a cluster (dense plans above 16 splits: 16), else all of them
+  if (dense) {
+    const DenseSplits d = plan_token_dense_splits(items, plan, dev, [&](int64_t n) { return clusters_fit(n, true); });
+    if (d.splits == 0) return false;
+    splits = d.splits;
+    cluster = static_cast<int>(d.cluster);
+    push_fits = splits > 1;
+  } else if (so.fixed_split_blocks > 0) {
     if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
     splits = ceil_div64(n_max, so.fixed_split_blocks);
     if (so.max_splits > 0 && splits > so.max_splits) return false;
@@ -259,12 +299,20 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
   st.stages = kTokenStages;
   st.push_merge = push_fits && splits > 1;
-  st.smem_bytes = st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
+  if (cluster == 0) cluster = static_cast<int>(splits);
+  st.smem_bytes = st.push_merge ? token_push_smem_bytes(cluster) : kTokenSmemBytes;
   st.spec_qo_len = tq;
   st.pdl = dev.cc >= 90;  // sm_80 code has no griddepcontrol.wait: its launches must not overlap the previous kernel
   st.prewait_prefetch = st.pdl;
   st.cluster_merge = splits > 1;
-  st.cluster_size = static_cast<int>(splits);
+  st.cluster_size = cluster;
+  if (splits > cluster) {  // two levels: per item and part, the clusters' merged rows; per item and rank, a counter
+    const int64_t parts = splits / cluster;
+    const size_t rows_total = static_cast<size_t>(items) * parts * kTokenRows;
+    st.part_o = DeviceBuffer(rows_total * kTokenHeadDim * sizeof(float));
+    st.part_lse = DeviceBuffer(rows_total * sizeof(float));
+    st.counters = DeviceBuffer(static_cast<size_t>(items) * kTokenMaxSplits * sizeof(uint32_t));
+  }
   return true;
 }
 
@@ -279,7 +327,7 @@ std::string describe(const State& s) {
   out += " splits=" + std::to_string(s.splits);
   if (s.fixed_split_blocks > 0) out += " fixed_split_blocks=" + std::to_string(s.fixed_split_blocks);
   const char* merge = s.splits <= 1              ? "none"
-                      : s.push_merge              ? "push"
+                      : s.push_merge              ? (s.cluster_size < s.splits ? "push+workspace" : "push")
                       : !s.cluster_merge          ? "workspace"
                       : s.cluster_size < s.splits ? "cluster+workspace"
                                                   : "pull";

@@ -48,6 +48,7 @@
 #include "cuda/decode/token_config.h"
 #include "cuda/decode/token_fp8_loop.cuh"
 #include "cuda/decode/token_logits.cuh"
+#include "cuda/decode/token_parts_merge.cuh"
 #include "cuda/decode/token_trace.cuh"
 
 namespace msa::detail::cuda::decode {
@@ -165,6 +166,14 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const AttentionParams& p = kp.a;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
+  // Dense (no block indexes): every block of the token's visible range, split s taking a contiguous share.
+  const bool dense = p.block_idx == nullptr;
+  // The merge's clusters: the S splits form one (S <= 16), or a dense plan's S = parts x 16 form `parts` clusters of
+  // 16 whose merged rows meet again in the workspace (token_parts_merge.cuh). cluster_rank: the split's place in
+  // its cluster.
+  const bool two_level = S > kTokenMaxSplits;
+  const int CS = two_level ? kTokenMaxSplits : S;
+  const int cluster_rank = two_level ? split & (kTokenMaxSplits - 1) : split;
   // CTA x serves token ti of request b: x = (b << tq_shift) + ti, 2^tq_shift = TQ rounded up to a power of
   // two (TQ = the plan's tokens per request: 1 for plain decode, up to kTokenMaxQoLen for MTP). A shift,
   // not a division by TQ: b addresses the first trip's reads (a division there cost D-B1 ~0.02 us).
@@ -233,9 +242,14 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   uint32_t key = 0xffffffffu;
   if (warp == 0) {
     if (q0 != x_cta && lane < topk) entry = has_token ? read_entry(q0) : -1;
+    if (dense) {  // lane e: block lb + e of this split's share, ceil(blocks / S) <= 32 blocks (the plan's bound)
+      const int nb = static_cast<int>((static_cast<uint32_t>(kv_hi) + kBlock - 1) / kBlock);
+      const int chunk = (nb + S - 1) / S, lb = split * chunk;
+      entry = lane < chunk && lb + lane < nb ? lb + lane : -1;
+    }
     // A block is taken when it holds a visible key: 0 <= e and e * 128 < kv_hi (below kv_len and, when
     // causal, not past the token's position).
-    const bool ok = has_token && lane < topk && entry >= 0 &&
+    const bool ok = has_token && (lane < topk || dense) && entry >= 0 &&
                     static_cast<uint32_t>(entry) < (static_cast<uint32_t>(kv_hi) + kBlock - 1) / kBlock;
     if (ok) {
       const uint32_t ps = static_cast<uint32_t>(p.k.page_size);
@@ -270,10 +284,12 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         }
       }
     };
-    if (topk <= 16)
-      bitonic(std::integral_constant<int, 16>{});
-    else
-      bitonic(std::integral_constant<int, 32>{});
+    if (!dense) {  // a dense share is ascending by lane already
+      if (topk <= 16)
+        bitonic(std::integral_constant<int, 16>{});
+      else
+        bitonic(std::integral_constant<int, 32>{});
+    }
   }
   if (!has_token) return;  // every CTA of this (request, head) cluster returns here
   const int G = p.group_size;
@@ -284,7 +300,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // the use). Used on warp 0's path (the split range) and in the merge tail, where each division was an
   // integer-division sequence on the path from the last MMA to the sends.
   const auto div_s = [&](int x) { return static_cast<int>((static_cast<uint32_t>(x) * kp.split_magic) >> 16); };
-  const auto owned_rows = [&] { return split < G ? div_s(G - 1 - split) + 1 : 0; };
+  const auto owned_rows = [&] { return cluster_rank < G ? div_s(G - 1 - cluster_rank) + 1 : 0; };
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) {
@@ -292,7 +308,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
         arch::mbarrier_init(merge_bar, 1);
         arch::fence_mbarrier_init();
-        arch::mbarrier_arrive_expect_tx(merge_bar, static_cast<uint32_t>(owned_rows() * S * (D * 4 + 4)));
+        arch::mbarrier_arrive_expect_tx(merge_bar, static_cast<uint32_t>(owned_rows() * CS * (D * 4 + 4)));
       }
       arch::cluster_arrive_relaxed();
     }
@@ -324,7 +340,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     const unsigned firsts = __ballot_sync(kFull, first);
     const int n_list = __popc(firsts), rank = __popc(firsts & ((1u << lane) - 1u));
     int lb, le;  // this split's range of the list, as in the general kernel
-    if (kp.fixed_split_blocks > 0) {
+    if (dense) {  // the list is this split's share already
+      lb = 0;
+      le = n_list;
+    } else if (kp.fixed_split_blocks > 0) {
       const int64_t F = kp.fixed_split_blocks;
       lb = static_cast<int>(min(static_cast<int64_t>(n_list), split * F));
       le = split == S - 1 ? n_list : static_cast<int>(min(static_cast<int64_t>(n_list), lb + F));
@@ -419,7 +438,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) {
-      const int rows_per_split = div_s(kTokenRows + S - 1);
+      const int rows_per_split = div_s(kTokenRows + CS - 1);
       uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
       float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);
       float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);
@@ -428,8 +447,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         const int r = (lane >> 2) + 8 * j;
         if (r >= G) continue;
         const int q = div_s(r);
-        const unsigned owner = static_cast<unsigned>(r - q * S);
-        const int slot = split * rows_per_split + q;
+        const unsigned owner = static_cast<unsigned>(r - q * CS);
+        const int slot = cluster_rank * rows_per_split + q;
         send_bar[j] = static_cast<uint64_t*>(__cluster_map_shared_rank(merge_bar, owner));
         send_o[j] = static_cast<float*>(__cluster_map_shared_rank(recv_o + slot * D, owner)) + warp * 32 + 2 * (lane & 3);
         send_lse[j] = static_cast<float*>(__cluster_map_shared_rank(recv_lse + slot, owner));
@@ -610,7 +629,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
-    const int rows_per_split = div_s(kTokenRows + S - 1);
+    const int rows_per_split = div_s(kTokenRows + CS - 1);
     float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
     float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);      // [S][rows_per_split][D]
     float* merge_w = reinterpret_cast<float*>(smem + kTokenSmemMergeW);    // [owned][17]
@@ -645,6 +664,21 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       if (lseg && col == 0) lseg[r * p.lse_stride_head] = row_lse;
     };
     const int owned = owned_rows();
+    if (two_level) {  // this cluster's merged row goes to the workspace as partial `part`, then token_parts_merge.cuh
+      if (owned == 0) return;  // clusters of 16, G <= 16: one row per owner
+      const int64_t item = static_cast<int64_t>(blockIdx.x) * gridDim.y + g;
+      const int parts = S / kTokenMaxSplits, part = split / kTokenMaxSplits;
+      float* item_o = kp.part_o + item * parts * kTokenRows * D;
+      float* item_lse = kp.part_lse + item * parts * kTokenRows;
+      push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row,
+                               [&](int r, int col, const float (&acc)[1], float row_lse) {
+                                 item_o[(part * kTokenRows + r) * D + col] = acc[0];
+                                 if (col == 0) item_lse[part * kTokenRows + r] = row_lse;
+                               });
+      merge_parts<D>(item_o, item_lse, kp.counters + item * kTokenMaxSplits + cluster_rank, parts, cluster_rank, CS,
+                     owned, reinterpret_cast<int*>(smem + kTokenSmemCount) + 1, emit_w);
+      return;
+    }
 #ifdef MSA_TOKEN_TRACE
     // The same code twice (one copy, not unrolled): mark 15 after the first pass, 16 after the second,
     // whose instructions are in the instruction cache - how much of the merge is code fetch. (A second
@@ -653,13 +687,13 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     for (int rep = 0; rep < 2; ++rep) {
 #endif
     if (owned <= 1)
-      push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_w);
     else if (owned == 2)
-      push_merge_receive<D, 2>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 2>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_w);
     else if (owned <= 4)
-      push_merge_receive<D, 4>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 4>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_w);
     else
-      push_merge_receive<D, 8>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 8>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_w);
 #ifdef MSA_TOKEN_TRACE
       MSA_TRACE_MARK(15 + rep, 0);
     }

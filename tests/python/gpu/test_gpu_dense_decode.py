@@ -1,7 +1,10 @@
-"""Dense decode at long context: few items (one request, one or four KV heads) split over the whole GPU, in
-clusters of 16 that merge in distributed shared memory and then through the workspace (plan.describe() says
-merge=cluster+workspace); against the float64 reference, bf16 and fp8 K/V, lse included, outputs poisoned,
-and under a CUDA graph replayed with the lengths changing (the arrival counters reset themselves).
+"""Dense decode at long context: few items (one request, one or four KV heads) split over the whole GPU. The
+single-token kernel takes each split's range of at most 32 blocks, merging in clusters of 16 by pushes and then
+through the workspace, one counter per row (plan.describe() says merge=push+workspace); the general kernel
+(MSA_PAGED_TOKEN_KERNEL=0) merges in clusters of 16 and then through the workspace (merge=cluster+workspace).
+Both against the float64 reference: bf16 and fp8 K/V (two pools and the halves of one interleaved pool), lse
+included, outputs poisoned, ragged and empty requests, MTP, non-causal; and under a CUDA graph replayed with
+the lengths changing (the arrival counters reset themselves).
 
     PYTHONPATH=build/python:tests/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_dense_decode.py
 """
@@ -16,50 +19,108 @@ import msa_testing as mt  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
+K_SCALE, V_SCALE = 0.137, 0.29
 
 
-def plan_for(batch, max_kv, hq, hkv, **kw):
-    return msa.plan_decode(batch, 1, max_kv, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, page_size=128, topk=0,
-                           device=DEV, **kw)
+@pytest.fixture(params=["token", "general"])
+def kernel(request, monkeypatch):
+    """Which kernel serves the plans made in the test (read at plan time)."""
+    if request.param == "token" and mt.kernel_capability() < (9, 0):
+        pytest.skip("the single-token kernel's dense plans need sm_90 code (cluster merges)")
+    monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", "0" if request.param == "general" else "1")
+    return request.param
 
 
-def run(plan, prob, fp8):
+def plan_for(batch, max_kv, hq, hkv, max_qo=1, **kw):
+    return msa.plan_decode(batch, max_qo, max_kv, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, page_size=128,
+                           topk=0, device=DEV, **kw)
+
+
+def to_device_fp8(a):
+    return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).to(DEV).view(torch.float8_e4m3fn)
+
+
+def run(plan, prob, fp8, interleaved=False):
     t = mt.to_torch(prob, DEV, torch.bfloat16)
-    k, v, scales, kd, vd = t["k_cache"], t["v_cache"], {}, None, None
+    k, v, scales = t["k_cache"], t["v_cache"], {}
     if fp8:
-        k8, v8, kd, vd = mt.fp8_kv(prob, 0.137, 0.29)
-        k = torch.from_numpy(k8.view(np.uint8)).to(DEV).view(torch.float8_e4m3fn)
-        v = torch.from_numpy(v8.view(np.uint8)).to(DEV).view(torch.float8_e4m3fn)
-        scales = dict(k_scale=0.137, v_scale=0.29)
+        k8, v8, kd, vd = mt.fp8_kv(prob, K_SCALE, V_SCALE, interleaved=interleaved)
+        if interleaved:
+            pool = to_device_fp8(k8.base)
+            k, v = pool[..., :128], pool[..., 128:]
+        else:
+            k, v = to_device_fp8(k8), to_device_fp8(v8)
+        scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
     T = t["q"].shape[0]
     out = torch.full((T, prob.num_qo_heads, 128), float("nan"), device=DEV, dtype=torch.bfloat16)
     lse = torch.full((T, prob.num_qo_heads), float("nan"), device=DEV)
-    msa.attention(plan, t["q"], k, v, t["page_table"], t["qo_indptr"], t["kv_lens"], out=out, lse=lse, **scales)
+    msa.attention(plan, t["q"], k, v, t["page_table"], t["qo_indptr"], t["kv_lens"], qo_offset=t["qo_offset"],
+                  out=out, lse=lse, **scales)
     torch.cuda.synchronize()
     o_ref, lse_ref = mt.scaled_reference(prob, kd, vd) if fp8 else mt.ref_attention(prob)
     mt.assert_close(out.float().cpu().numpy(), o_ref)
     mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
 
 
+def expected_merge(kernel):
+    return "push+workspace" if kernel == "token" else "cluster+workspace"
+
+
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("heads", [(16, 1), (64, 4)])
 @pytest.mark.parametrize("kv", [[65536], [40000, 3], [131072]])
-def test_long_dense_decode(rng, fp8, heads, kv):
+def test_long_dense_decode(rng, kernel, fp8, heads, kv):
     prob = mt.make_problem(rng, qo_lens=[1] * len(kv), kv_lens=kv, num_qo_heads=heads[0], num_kv_heads=heads[1],
                            head_dim=128, page_size=128, topk=0, pattern=None)
     plan = plan_for(len(kv), max(kv), *heads)
-    if len(kv) == 1 and heads[1] == 1 and mt.kernel_capability() >= (9, 0):  # one item
-        assert plan.describe().get("merge") == "cluster+workspace", plan.describe()
+    if len(kv) == 1 and mt.kernel_capability() >= (9, 0):  # one request
+        assert plan.describe().get("merge") == expected_merge(kernel), plan.describe()
     run(plan, prob, fp8)
 
 
-def test_two_level_merge_under_a_graph(rng):
+# (query heads, KV heads), qo_lens, kv_lens, causal, fp8, interleaved pool, the plan's max_kv_len (None: the longest)
+CASES = {
+    "ragged": ((16, 1), [1, 1], [70001, 129], True, False, False, None),
+    "mtp": ((16, 1), [4, 3], [65536, 20000], True, False, False, None),  # each token causal at its own position
+    "non_causal_empty": ((16, 1), [1, 1], [0, 70000], False, False, False, None),  # no key: o = 0, lse = -inf
+    "short_in_long_plan": ((16, 1), [1, 1], [300, 1], True, False, False, 262144),  # most splits see no block
+    "odd_lengths": ((16, 1), [1, 1], [99999, 65537], True, False, False, None),
+    "fp8_interleaved": ((16, 1), [1], [65535], True, True, True, None),
+    "tp1_fp8": ((64, 4), [1], [100000], True, True, False, None),
+    # with max_splits=16: one cluster of 16
+    "one_cluster": ((16, 1), [1] * 8, [4000, 1, 3000, 128, 129, 2500, 4096, 700], True, False, False, None),
+    "few_splits": ((16, 1), [1] * 24, [4096 + 97 * i for i in range(24)], True, True, False, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_dense_decode_cases(rng, kernel, case):
+    heads, qo, kv, causal, fp8, interleaved, max_kv = CASES[case]
+    prob = mt.make_problem(rng, qo_lens=qo, kv_lens=kv, num_qo_heads=heads[0], num_kv_heads=heads[1], head_dim=128,
+                           page_size=128, topk=0, pattern=None, causal=causal)
+    extra = dict(max_splits=16) if case == "one_cluster" else {}
+    plan = plan_for(len(kv), max_kv or max(kv), *heads, max_qo=max(qo), causal=causal, **extra)
+    if kernel == "token":
+        assert plan.describe().get("paged") == "token", plan.describe()
+        if case == "one_cluster":
+            assert plan.describe().get("merge") == "push", plan.describe()
+        elif case not in ("few_splits", "mtp"):  # (those take one cluster of 16 or fewer splits)
+            assert plan.describe().get("merge") == "push+workspace", plan.describe()
+    run(plan, prob, fp8, interleaved)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_two_level_merge_under_a_graph(rng, kernel, fp8):
     """One plan captured once; 12 replays with the length changing (some steps shorter than one cluster's share)."""
     B, HQ, HKV, MAX_KV = 1, 16, 1, 65536
     plan = plan_for(B, MAX_KV, HQ, HKV)
+    if mt.kernel_capability() >= (9, 0):
+        assert plan.describe().get("merge") == expected_merge(kernel), plan.describe()
     pages = MAX_KV // 128 + 4
+    kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    scales = dict(k_scale=K_SCALE, v_scale=V_SCALE) if fp8 else {}
     q = torch.zeros(B, HQ, 128, device=DEV, dtype=torch.bfloat16)
-    k = torch.zeros(pages, HKV, 128, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.zeros(pages, HKV, 128, 128, device=DEV, dtype=kv_dtype)
     v = torch.zeros_like(k)
     table = torch.full((B, MAX_KV // 128 + 4), -1, device=DEV, dtype=torch.int32)
     qo_indptr = torch.arange(B + 1, device=DEV, dtype=torch.int32)
@@ -67,7 +128,7 @@ def test_two_level_merge_under_a_graph(rng):
     out = torch.full((B, HQ, 128), float("nan"), device=DEV, dtype=torch.bfloat16)
 
     def step():
-        msa.attention(plan, q, k, v, table, qo_indptr, kv_lens, out=out)
+        msa.attention(plan, q, k, v, table, qo_indptr, kv_lens, out=out, **scales)
         return out
 
     graph, _ = mt.capture_graph(step)
@@ -76,8 +137,15 @@ def test_two_level_merge_under_a_graph(rng):
                                page_size=128, topk=0, pattern=None)
         t = mt.to_torch(prob, DEV, torch.bfloat16)
         npg = t["k_cache"].shape[0]
-        k[:npg].copy_(t["k_cache"])
-        v[:npg].copy_(t["v_cache"])
+        if fp8:
+            k8, v8, kd, vd = mt.fp8_kv(prob, K_SCALE, V_SCALE)
+            k[:npg].copy_(to_device_fp8(k8))
+            v[:npg].copy_(to_device_fp8(v8))
+            o_ref = mt.scaled_reference(prob, kd, vd)[0]
+        else:
+            k[:npg].copy_(t["k_cache"])
+            v[:npg].copy_(t["v_cache"])
+            o_ref = mt.ref_attention(prob)[0]
         q.copy_(t["q"])
         table.fill_(-1)
         table[:, :t["page_table"].shape[1]].copy_(t["page_table"])
@@ -85,4 +153,4 @@ def test_two_level_merge_under_a_graph(rng):
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        mt.assert_close(out.float().cpu().numpy(), mt.ref_attention(prob)[0], what=f"kv_len {n}")
+        mt.assert_close(out.float().cpu().numpy(), o_ref, what=f"kv_len {n}")
