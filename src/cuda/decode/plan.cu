@@ -166,16 +166,20 @@ std::string unsupported_reason(const char* fn, const AttentionConfig& c) {
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Splits of a dense plan on the single-token kernel, and the size of their clusters ({}: the kernel does not take
-// the plan). A CTA walks a contiguous range of at most kTokenMaxTopk blocks (its list is one block per lane of warp
-// 0), so the plan needs at least ceil(blocks / 32) splits. Up to 16 splits form one cluster (push merge). Above,
-// S = parts x 16: `parts` clusters of 16 whose merged rows meet again in the workspace (token_parts_merge.cuh).
-// The plan takes up to two CTAs per SM in clusters that all fit the device at once (H200: 12 clusters of 16).
-// Measured on the H200, dense D-B1 (65536 tokens), bf16 / fp8 us: M3-TP1 12 clusters of 16 41.1 / 26.2; 8 clusters
-// of 16 51.0; 15 of 4 45.7 / 32.2; one CTA per SM (120.7 KB each), 7 clusters of 4, 43.4 / 30.7. M3-TP4 12 of 16
-// 16.5 / 13.2; 30 of 8 19.5 / 16.3; one CTA per SM, 8 of 16, 17.3 / 14.8.
+// Splits of a dense plan on the single-token kernel, the size of their clusters and the CTA's shared memory ({}: the
+// kernel does not take the plan). A CTA walks a contiguous range of at most kTokenMaxTopk blocks (its list is one
+// block per lane of warp 0), so the plan needs at least ceil(blocks / 32) splits. Up to 16 splits form one cluster
+// (push merge). Above, S = parts x C: `parts` clusters of C = 16, 8 or 4 splits, whose merged rows meet again in the
+// workspace (token_parts_merge.cuh), with the shared memory of the push merge for any S (120.7 KB), so that one CTA
+// takes an SM: the plan takes the most splits up to one CTA per SM whose clusters all fit at once, the larger
+// clusters on a tie. Measured on the H200, dense D-B1 (65536 tokens), bf16 / fp8 us: M3-TP1 (28 splits in clusters
+// of 4) 43.4 / 30.7, M3-TP4 (8 clusters of 16) 17.3 / 14.8. Two CTAs per SM (112.7 KB) in 12 clusters of 16 ran
+// faster (41.1 / 26.2 and 16.5 / 13.2) but compute-sanitizer's synccheck reports "missing wait" on the push merge's
+// mbarrier in that configuration (memcheck and racecheck clean, results correct; not explained), so the plan does
+// not take it; with clusters of 8 or 4 at two CTAs per SM it ran 45.7 (M3-TP1) and 19.5 us (M3-TP4).
 struct DenseSplits {
   int64_t splits = 0, cluster = 0;
+  uint32_t smem = 0;
 };
 template <typename ClustersFit>
 DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaPlanState& dev, const ClustersFit& fit) {
@@ -183,17 +187,20 @@ DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaP
   if (dev.cc < 90 || so.fixed_split_blocks > 0) return {};
   const int64_t blocks = std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1);
   const int64_t need = ceil_div64(blocks, kTokenMaxTopk);
-  int64_t target = std::min<int64_t>(2 * dev.sm_count / std::max<int64_t>(items, 1), blocks);
+  int64_t target = std::min<int64_t>(dev.sm_count / std::max<int64_t>(items, 1), blocks);
   if (so.max_splits > 0) target = std::min<int64_t>(target, so.max_splits);
   DenseSplits best;
   if (target > kTokenMaxSplits) {
-    const int64_t parts = std::min({target / kTokenMaxSplits, int64_t{kTokenMaxParts}, fit(kTokenMaxSplits) / items});
-    if (parts >= 2) best = {parts * kTokenMaxSplits, kTokenMaxSplits};
+    for (const int64_t c : {int64_t{16}, int64_t{8}, int64_t{4}}) {
+      int64_t parts = std::min<int64_t>(target / c, kTokenMaxParts);
+      while (parts >= 2 && fit(c, kTokenSmemPushBytes) < items * parts) --parts;
+      if (parts >= 2 && parts * c > best.splits) best = {parts * c, c, kTokenSmemPushBytes};
+    }
   }
   if (best.splits == 0) {
     int64_t n = std::clamp<int64_t>(target, 1, kTokenMaxSplits);
-    while (n > 1 && fit(n) < items) --n;
-    best = {n, n};
+    while (n > 1 && fit(n, token_push_smem_bytes(static_cast<int>(n))) < items) --n;
+    best = {n, n, n > 1 ? token_push_smem_bytes(static_cast<int>(n)) : kTokenSmemBytes};
   }
   return best.splits >= need ? best : DenseSplits{};
 }
@@ -256,12 +263,20 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   // workspace merge splits the others.
   if (dev.cc < 90 && so.fixed_split_blocks > 0) return false;
   int64_t splits = 1;
-  int cluster = 0;  // the splits of a cluster (dense plans above 16 splits: 16), else all of them
+  int cluster = 0;  // the splits of a cluster (dense plans above 16 splits: 16, 8 or 4), else all of them
+  uint32_t dense_smem = 0;  // a dense plan's shared memory per CTA
   if (dense) {
-    const DenseSplits d = plan_token_dense_splits(items, plan, dev, [&](int64_t n) { return clusters_fit(n, true); });
+    const DenseSplits d = plan_token_dense_splits(items, plan, dev, [&](int64_t n, uint32_t smem) {
+      int fit = INT32_MAX;
+      for (const KernelVariant v : kVariants)
+        fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(v.dtype, v.kv_dtype, true), kTokenThreads,
+                                              smem, static_cast<int>(n)));
+      return fit;
+    });
     if (d.splits == 0) return false;
     splits = d.splits;
     cluster = static_cast<int>(d.cluster);
+    dense_smem = d.smem;
     push_fits = splits > 1;
   } else if (so.fixed_split_blocks > 0) {
     if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
@@ -300,7 +315,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.stages = kTokenStages;
   st.push_merge = push_fits && splits > 1;
   if (cluster == 0) cluster = static_cast<int>(splits);
-  st.smem_bytes = st.push_merge ? token_push_smem_bytes(cluster) : kTokenSmemBytes;
+  st.smem_bytes = dense_smem > 0 ? dense_smem : st.push_merge ? token_push_smem_bytes(cluster) : kTokenSmemBytes;
   st.spec_qo_len = tq;
   st.pdl = dev.cc >= 90;  // sm_80 code has no griddepcontrol.wait: its launches must not overlap the previous kernel
   st.prewait_prefetch = st.pdl;

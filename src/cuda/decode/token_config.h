@@ -29,9 +29,9 @@ constexpr int kTokenStages = 3;
 constexpr int kTokenStagesFp8 = 6;
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
-// Dense plans of more than 16 splits: at most this many clusters of 16 per item, merged again through the
-// workspace (token_parts_merge.cuh).
-constexpr int kTokenMaxParts = 16;
+// Dense plans of more than 16 splits: at most this many clusters (of 16, 8 or 4) per item, merged again through
+// the workspace (token_parts_merge.cuh).
+constexpr int kTokenMaxParts = 32;
 // MTP: tokens per request (grid.x = batch x max_qo_len rounded up to a power of two, one CTA or cluster
 // per token), 1 to 16 as MiniMax's kernels take; longer rows go to the general kernel (tiles of one token
 // as well).

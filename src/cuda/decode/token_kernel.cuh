@@ -168,12 +168,12 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const int g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
   // Dense (no block indexes): every block of the token's visible range, split s taking a contiguous share.
   const bool dense = p.block_idx == nullptr;
-  // The merge's clusters: the S splits form one (S <= 16), or a dense plan's S = parts x 16 form `parts` clusters of
-  // 16 whose merged rows meet again in the workspace (token_parts_merge.cuh). cluster_rank: the split's place in
-  // its cluster.
-  const bool two_level = S > kTokenMaxSplits;
-  const int CS = two_level ? kTokenMaxSplits : S;
-  const int cluster_rank = two_level ? split & (kTokenMaxSplits - 1) : split;
+  // The merge's clusters: the S splits form one (S <= 16), or a dense plan's S = parts x CS form `parts` clusters of
+  // CS = 16, 8 or 4 whose merged rows meet again in the workspace (token_parts_merge.cuh). cluster_rank: the
+  // split's place in its cluster.
+  const bool two_level = S > kp.cluster_size;
+  const int CS = two_level ? kp.cluster_size : S;
+  const int cluster_rank = two_level ? split & (CS - 1) : split;
   // CTA x serves token ti of request b: x = (b << tq_shift) + ti, 2^tq_shift = TQ rounded up to a power of
   // two (TQ = the plan's tokens per request: 1 for plain decode, up to kTokenMaxQoLen for MTP). A shift,
   // not a division by TQ: b addresses the first trip's reads (a division there cost D-B1 ~0.02 us).
@@ -664,17 +664,26 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       if (lseg && col == 0) lseg[r * p.lse_stride_head] = row_lse;
     };
     const int owned = owned_rows();
-    if (two_level) {  // this cluster's merged row goes to the workspace as partial `part`, then token_parts_merge.cuh
-      if (owned == 0) return;  // clusters of 16, G <= 16: one row per owner
+    if (two_level) {  // this cluster's merged rows go to the workspace as partial `part`, then token_parts_merge.cuh
+      if (owned == 0) return;
       const int64_t item = static_cast<int64_t>(blockIdx.x) * gridDim.y + g;
-      const int parts = S / kTokenMaxSplits, part = split / kTokenMaxSplits;
+      const int parts = S / CS, part = split / CS;
       float* item_o = kp.part_o + item * parts * kTokenRows * D;
       float* item_lse = kp.part_lse + item * parts * kTokenRows;
-      push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row,
-                               [&](int r, int col, const float (&acc)[1], float row_lse) {
-                                 item_o[(part * kTokenRows + r) * D + col] = acc[0];
-                                 if (col == 0) item_lse[part * kTokenRows + r] = row_lse;
-                               });
+      const auto emit_part = [&](int r, int col, const auto& acc, float row_lse) {
+        constexpr int W = sizeof(acc) / sizeof(float);
+        float* dst = item_o + (part * kTokenRows + r) * D + col;
+#pragma unroll
+        for (int e = 0; e < W; ++e) dst[e] = acc[e];
+        if (col == 0) item_lse[part * kTokenRows + r] = row_lse;
+      };
+      // clusters of 4 or more, G <= 16: at most 4 owned rows
+      if (owned <= 1)
+        push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_part);
+      else if (owned == 2)
+        push_merge_receive<D, 2>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_part);
+      else
+        push_merge_receive<D, 4>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_part);
       merge_parts<D>(item_o, item_lse, kp.counters + item * kTokenMaxSplits + cluster_rank, parts, cluster_rank, CS,
                      owned, reinterpret_cast<int*>(smem + kTokenSmemCount) + 1, emit_w);
       return;

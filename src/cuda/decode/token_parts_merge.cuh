@@ -1,5 +1,5 @@
 // The second level of the single-token kernel's two-level merge (dense plans of S = parts x C splits in clusters of
-// C = 16: plan_token_dense_splits in plan.cu). Each cluster has push-merged its rows (cluster rank k owns rows k,
+// C = 16, 8 or 4: plan_token_dense_splits in plan.cu). Each cluster has push-merged its rows (cluster rank k owns rows k,
 // k + C, ...) and written them, with their lse, to the workspace as partial `part` of the item. The item's `parts`
 // CTAs of rank k count their arrivals on rank k's own counter, and the last to arrive merges those rows over the
 // parts: the final merge is spread over the C ranks instead of left to one CTA (the general kernel's last-CTA merge
