@@ -97,10 +97,6 @@ def main():
     # the two-level dense merges of both kernels, and the Hopper prefill kernels' widened tiles (query-major and KV-major).
     check("fp8 decode sparse, token kernel, split", prob([1, 1], [3000, 700]), fp8=True)
     check("fp8 decode 4 tokens, G=4 union tile", prob([4, 3], [2000, 900], g=4, hkv=2, pattern="clustered"), fp8=True)
-    check("fp8 decode dense, token kernel, two-level merge, 12 clusters", prob([1], [40000], pattern=None), fp8=True,
-          max_splits=192)
-    check("fp8 decode dense, token kernel, two-level merge, 8 clusters", prob([1], [40000], pattern=None), fp8=True,
-          max_splits=128)
     check("fp8 decode dense, token kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
     check("decode dense, token kernel, two-level merge, MTP", prob([2, 1], [40000, 300], pattern=None))
     os.environ["MSA_PAGED_TOKEN_KERNEL"] = "0"  # the general kernel's two-level merge
