@@ -25,7 +25,7 @@ struct KernelParams {
 
   // Splits of a tile's block list.
   int32_t num_splits = 1;       // S = gridDim.z
-  uint32_t split_magic = 1;     // ceil(2^16 / C), C = the token kernel's cluster size (S, or 16 above): x / C for x <= 47
+  uint32_t split_magic = 1;     // ceil(2^16 / C), C = the token kernel's cluster size (S <= 16, or 16 / 8 / 4): x / C for x <= 47
   int32_t fixed_split_blocks = 0;  // > 0: split s covers list entries [s*F, (s+1)*F), the last runs to the end
   int32_t num_stages = 3;
   int32_t list_cap = 0;         // sort capacity (power of two >= T * topk); 0 for dense plans

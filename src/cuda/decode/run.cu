@@ -29,7 +29,7 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   kp.tiles_per_req = s.tiles_per_req;
   kp.scan_tiles = s.scan_tiles;
   kp.num_splits = s.splits;
-  // The token kernel divides by its cluster's size (S, or 16 for a dense plan's two-level merge).
+  // The token kernel divides by its cluster's size (S, or 16, 8 or 4 for a dense plan's two-level merge).
   const uint32_t cluster = static_cast<uint32_t>(std::max(s.token_kernel ? s.cluster_size : s.splits, 1));
   kp.split_magic = (65536u + cluster - 1u) / cluster;
   kp.fixed_split_blocks = s.fixed_split_blocks;
