@@ -96,6 +96,10 @@ def main():
     # fp8 K/V: the token kernel (K fragments from fp8 rows, V converted), the general kernel's converted tiles,
     # the two-level dense merges of both kernels, and the Hopper prefill kernels' widened tiles (query-major and KV-major).
     check("fp8 decode sparse, token kernel, split", prob([1, 1], [3000, 700]), fp8=True)
+    # more than four waves of CTAs: the tile loop cycles through all 6 ring stages (3 on the grids above)
+    n = 8 * torch.cuda.get_device_properties(0).multi_processor_count // 4 + 1
+    check("fp8 decode sparse, token kernel, 6-stage ring", prob([1] * n, [int(x) for x in rng.integers(1, 900, n)],
+                                                                hkv=4), fp8=True)
     check("fp8 decode 4 tokens, G=4 union tile", prob([4, 3], [2000, 900], g=4, hkv=2, pattern="clustered"), fp8=True)
     check("fp8 decode dense, token kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
     check("decode dense, token kernel, two-level merge, MTP", prob([2, 1], [40000, 300], pattern=None))

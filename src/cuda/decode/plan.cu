@@ -313,6 +313,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.splits = static_cast<int>(splits);
   st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
   st.stages = kTokenStages;
+  st.stages_fp8 = items * splits > int64_t{kTokenFp8DeepWaves} * per_sm * dev.sm_count ? kTokenStagesFp8
+                                                                                      : kTokenStagesFp8Shallow;
   st.push_merge = push_fits && splits > 1;
   if (cluster == 0) cluster = static_cast<int>(splits);
   st.smem_bytes = dense_smem > 0 ? dense_smem : st.push_merge ? token_push_smem_bytes(cluster) : kTokenSmemBytes;
@@ -346,7 +348,7 @@ std::string describe(const State& s) {
                       : !s.cluster_merge          ? "workspace"
                       : s.cluster_size < s.splits ? "cluster+workspace"
                                                   : "pull";
-  return out + " merge=" + merge + " stages=" + std::to_string(s.stages);
+  return out + " merge=" + merge + " stages=" + std::to_string(s.stages) + " fp8_stages=" + std::to_string(s.stages_fp8);
 }
 
 std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {

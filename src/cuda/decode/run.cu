@@ -33,7 +33,7 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   const uint32_t cluster = static_cast<uint32_t>(std::max(s.token_kernel ? s.cluster_size : s.splits, 1));
   kp.split_magic = (65536u + cluster - 1u) / cluster;
   kp.fixed_split_blocks = s.fixed_split_blocks;
-  kp.num_stages = p.kv_dtype == ScalarType::kF8E4M3 && !s.token_kernel ? s.stages_fp8 : s.stages;
+  kp.num_stages = p.kv_dtype == ScalarType::kF8E4M3 ? s.stages_fp8 : s.stages;
   kp.list_cap = s.list_cap;
   kp.skip_items = skip_items;
   kp.spec_qo_len = s.spec_qo_len;

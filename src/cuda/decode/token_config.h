@@ -24,9 +24,15 @@ constexpr int kTokenRows = 16;       // MMA rows: the query heads of one KV head
 constexpr int kTokenHeadDim = 128;
 constexpr int kTokenTileKeys = 64;   // keys per pipeline stage: a page of >= 64 keys holds a whole tile
 constexpr int kTokenStages = 3;
-// fp8 K/V: 6 fp8 stages of 16 KB in the bytes of the 16-bit ring (token_fp8_loop.cuh): 80 KB in flight per
-// CTA, as 5 x 64 keys.
+// fp8 K/V: up to 6 fp8 stages of 16 KB in the bytes of the 16-bit ring (token_fp8_loop.cuh). A plan cycles
+// through 3 of them (two 64-key tiles in flight per warp, 32 KB per CTA) when its grid is at most
+// kTokenFp8DeepWaves waves of CTAs, else through all 6 (five tiles, 80 KB): fewer bytes in flight stream faster
+// where every CTA starts at once (H200, M3-TP1, 6 -> 3 stages: D-B64-fp8 41.0 -> 39.0 us, D-B128-fp8 77.2 -> 74.1,
+// D-mixed-fp8 40.2 -> 38.1), a deeper ring where many waves of CTAs follow one another (D-mtp16-fp8, 7.8 waves:
+// 232.8 us with 6, 240.8 with 3).
 constexpr int kTokenStagesFp8 = 6;
+constexpr int kTokenStagesFp8Shallow = 3;
+constexpr int kTokenFp8DeepWaves = 4;
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
 // Dense plans of more than 16 splits: at most this many clusters (of 16, 8 or 4) per item, merged again through

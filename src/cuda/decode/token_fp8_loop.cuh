@@ -107,16 +107,16 @@ __device__ __forceinline__ void v_fragments_fp8_unchecked(uint32_t a0, uint32_t 
 #endif
 }
 
-// The tile loop over the ring that `copy` fills (kTokenStagesFp8 stages of 64 K rows then 64 V rows; the first
-// kTokenStagesFp8 - 1 tiles already issued); qa / logit_scale: Q's fragments in the permuted dim order and the
+// The tile loop over the ring that `copy` fills (`stages` of its kTokenStagesFp8 stages of 64 K rows then 64 V
+// rows, kTokenStagesFp8 or kTokenStagesFp8Shallow; the first stages - 1 tiles already issued); qa / logit_scale: Q's fragments in the permuted dim order and the
 // rows' logit scales (exp2 domain). Leaves the CTA's merged state in the 16-bit loop's layout: o
 // (unnormalized, V in raw fp16 units), m_run, l_run of rows g and g + 8. Ends with every warp past a CTA
 // barrier and the ring free.
 __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, const TokenTile* tiles, int n_tiles,
                                                     float* merge_buf, float* red_max, float* red_sum,
                                                     const uint32_t (&qa)[8][4], const float (&logit_scale)[2],
-                                                    float (&o)[4][4], float (&m_run)[2], float (&l_run)[2]) {
-  constexpr int kStages = kTokenStagesFp8;
+                                                    float (&o)[4][4], float (&m_run)[2], float (&l_run)[2],
+                                                    int stages) {
   constexpr uint32_t kRowBytes = kTokenHeadDim;  // one fp8 row
   constexpr uint32_t kStageBytes = 2 * kTokenTileKeys * kRowBytes;
   constexpr unsigned kFull = 0xffffffffu;
@@ -134,14 +134,18 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
   const uint32_t k_at1 = kr * kRowBytes + (((2 * t + 1) ^ (kr & 7)) << 4);
   const uint32_t v_at0 = kTokenTileKeys * kRowBytes + vr * kRowBytes + ((g ^ (vr & 7)) << 4);
   const uint32_t v_at1 = kTokenTileKeys * kRowBytes + (vr + 1) * kRowBytes + ((g ^ ((vr + 1) & 7)) << 4);
-  int stage = 0, issue_stage = kStages - 1;
+  int stage = 0, issue_stage = stages - 1;
   for (int x = 0; x < n_tiles; ++x) {
-    arch::cp_async_wait<kStages - 2>();
+    // At most stages - 2 groups newer than tile x's may stay pending.
+    if (stages == kTokenStagesFp8)
+      arch::cp_async_wait<kTokenStagesFp8 - 2>();
+    else
+      arch::cp_async_wait<kTokenStagesFp8Shallow - 2>();
     __syncwarp();  // this warp's rows of tile x landed (every lane's copies); its reads of tile x - 1 are done
-    copy(tiles, n_tiles, x + kStages - 1, issue_stage);
-    issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
+    copy(tiles, n_tiles, x + stages - 1, issue_stage);
+    issue_stage = issue_stage == stages - 1 ? 0 : issue_stage + 1;
     const uint32_t st = copy.ring + stage * kStageBytes;
-    stage = stage == kStages - 1 ? 0 : stage + 1;
+    stage = stage == stages - 1 ? 0 : stage + 1;
     const int visible = tiles[x].visible;
     // Every shared load first (volatile asm keeps program order).
     const KRowFp8 k0 = {{arch::ld_shared_v4(st + k_at0), arch::ld_shared_v4(st + k_at1)}};

@@ -418,8 +418,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       arch::cp_async_commit();  // empty groups too: the wait counts stay uniform
     }
   };
+  // fp8: the plan's kp.num_stages of the ring's stages are used (token_config.h); the groups past them are
+  // committed empty, so that Q stays the oldest of kStages groups.
 #pragma unroll
-  for (int x = 0; x < kStages - 1; ++x) issue(x, x);
+  for (int x = 0; x < kStages - 1; ++x) issue(kF8 && x >= kp.num_stages - 1 ? n_tiles : x, x);
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The cluster barrier's wait (every CTA of the cluster has initialized its merge barrier) taken
@@ -483,7 +485,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   for (int n = 0; n < 4; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   if constexpr (kF8) {
     token_tile_loop_fp8(copy_fp8, tiles, n_tiles, reinterpret_cast<float*>(smem + kTokenSmemStages), red_max, red_sum,
-                        qa, logit_scale, o, m_run, l_run);
+                        qa, logit_scale, o, m_run, l_run, kp.num_stages);
   } else {
     int stage = 0, issue_stage = kStages - 1;
     for (int x = 0; x < n_tiles; ++x) {

@@ -173,6 +173,26 @@ def test_below_sm90_code(rng, fp8):
         mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_fp8_ring_depths(rng, interleaved):
+    """The fp8 tile loop cycles through 3 ring stages on grids of up to four waves and through 6 on longer ones
+    (token_config.h): both against the float64 reference over the dequantized cache, ragged lengths (tiles cut
+    inside, rows shorter than the ring), empty rows, both pool layouts."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hkv = 4
+    for batch, stages in ((5, "3"), (8 * sms // hkv + 1, "6")):  # 2 CTAs per SM: 4 waves hold 8 x SMs items
+        lens = [int(x) for x in rng.integers(1, 3000, batch)]
+        prob = decode_problem(rng, lens, group=16, num_kv_heads=hkv, topk=16, empty_row_prob=0.05)
+        plan = plan_for(prob, max_qo_len=1)
+        d = plan.describe()
+        assert d["paged"] == "token" and d["fp8_stages"] == stages, d
+        k8, v8, kd, vd = fp8_tensors(prob, interleaved)
+        out, lse = call(plan, prob, mt.to_torch(prob, "cuda", torch.bfloat16), k8, v8, k_scale=K_SCALE, v_scale=V_SCALE)
+        o_ref, lse_ref = mt.scaled_reference(prob, kd, vd)
+        mt.assert_close(out.float().cpu().numpy(), o_ref)
+        mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
+
+
 def test_fp8_nan_bytes(rng):
     """e4m3's NaN bytes (0x7F / 0xFF) in the cache under the single-token kernel, which below sm_89 code widens a
     tile's bytes without the per-word NaN step and fixes its words only when their largest magnitude shows the NaN
