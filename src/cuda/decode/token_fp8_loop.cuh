@@ -107,11 +107,11 @@ __device__ __forceinline__ void v_fragments_fp8_unchecked(uint32_t a0, uint32_t 
 #endif
 }
 
-// The tile loop over the ring that `copy` fills (`stages` of its kTokenStagesFp8 stages of 64 K rows then 64 V
-// rows, kTokenStagesFp8 or kTokenStagesFp8Shallow; the first stages - 1 tiles already issued); qa / logit_scale: Q's fragments in the permuted dim order and the
-// rows' logit scales (exp2 domain). Leaves the CTA's merged state in the 16-bit loop's layout: o
-// (unnormalized, V in raw fp16 units), m_run, l_run of rows g and g + 8. Ends with every warp past a CTA
-// barrier and the ring free.
+// The tile loop over the ring that `copy` fills: `stages` (the plan's, kTokenStagesFp8 or kTokenStagesFp8Shallow)
+// of its stages of 64 K rows then 64 V rows, the first stages - 1 tiles already issued; qa / logit_scale: Q's
+// fragments in the permuted dim order and the rows' logit scales (exp2 domain). Leaves the CTA's merged state in
+// the 16-bit loop's layout: o (unnormalized, V in raw fp16 units), m_run, l_run of rows g and g + 8. Ends with
+// every warp past a CTA barrier and the ring free.
 __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, const TokenTile* tiles, int n_tiles,
                                                     float* merge_buf, float* red_max, float* red_sum,
                                                     const uint32_t (&qa)[8][4], const float (&logit_scale)[2],
