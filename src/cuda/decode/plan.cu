@@ -173,10 +173,11 @@ int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // workspace (token_parts_merge.cuh), with the shared memory of the push merge for any S (120.7 KB), so that one CTA
 // takes an SM: the plan takes the most splits up to one CTA per SM whose clusters all fit at once, the larger
 // clusters on a tie. Measured on the H200, dense D-B1 (65536 tokens), bf16 / fp8 us: M3-TP1 (28 splits in clusters
-// of 4) 43.4 / 30.7, M3-TP4 (8 clusters of 16; 15 of 8 where only 7 of 16 fit) 17.3 / 14.8. Two CTAs per SM (112.7 KB) in 12 clusters of 16 ran
-// faster (41.1 / 26.2 and 16.5 / 13.2) but compute-sanitizer's synccheck reports "missing wait" on the push merge's
-// mbarrier in that configuration (memcheck and racecheck clean, results correct; not explained), so the plan does
-// not take it; with clusters of 8 or 4 at two CTAs per SM it ran 45.7 (M3-TP1) and 19.5 us (M3-TP4).
+// of 4) 43.4 / 30.7, M3-TP4 (8 clusters of 16; 15 of 8 where only 7 of 16 fit) 17.3 / 14.8. Two CTAs per SM
+// (112.7 KB) in 12 clusters of 16 ran faster (41.1 / 26.2 and 16.5 / 13.2) but compute-sanitizer's synccheck reports
+// "missing wait" on the push merge's mbarrier in that configuration (memcheck and racecheck clean, results correct;
+// not explained), so the plan does not take it; with clusters of 8 or 4 at two CTAs per SM it ran 45.7 (M3-TP1) and
+// 19.5 us (M3-TP4).
 struct DenseSplits {
   int64_t splits = 0, cluster = 0;
   uint32_t smem = 0;
