@@ -359,7 +359,7 @@ TOPK_FORM_LENGTHS = {
     "mtp_uniform": ([3] * 5, [400, 4100, 9000, 65536, 3]),
     "ragged_few_tokens": ([0, 4, 1, 0, 3, 2, 1], [10, 900, 5000, 7, 30000, 65536, 300]),
     "prefill_causal": ([5000, 40], [9000, 40]),
-    # Token counts that are multiples of 8 (whole 32-byte sectors of HKT rows per 8 tokens).
+    # Token counts that are multiples of 8 (a CTA's warps all take rows of one head), rows of 1 to 1024 blocks.
     "decode_x8": ([1] * 16, [130, 4100, 9000, 65536, 1, 128, 129, 20000, 2048, 131072, 77, 300, 5000, 65535, 16384, 12]),
     "decode_short_x8": ([1] * 8, [100, 4096, 3000, 1, 129, 2048, 4000, 512]),
     "mtp_x8": ([2] * 8, [400, 4100, 9000, 65536, 3, 2, 129, 2048]),
