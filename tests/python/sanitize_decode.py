@@ -100,6 +100,10 @@ def main():
     n = 8 * torch.cuda.get_device_properties(0).multi_processor_count // 4 + 1
     check("fp8 decode sparse, token kernel, 6-stage ring", prob([1] * n, [int(x) for x in rng.integers(1, 900, n)],
                                                                 hkv=4), fp8=True)
+    # one unsplit CTA per SM, 16 blocks each: the 5-stage ring
+    n = torch.cuda.get_device_properties(0).multi_processor_count // 4
+    check("fp8 decode sparse, token kernel, 5-stage ring", prob([1] * n, [int(x) for x in rng.integers(2048, 4000, n)],
+                                                                hkv=4), fp8=True)
     check("fp8 decode 4 tokens, G=4 union tile", prob([4, 3], [2000, 900], g=4, hkv=2, pattern="clustered"), fp8=True)
     check("fp8 decode dense, token kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
     check("decode dense, token kernel, two-level merge, MTP", prob([2, 1], [40000, 300], pattern=None))

@@ -314,8 +314,14 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
   st.splits = static_cast<int>(splits);
   st.fixed_split_blocks = so.fixed_split_blocks > 0 ? so.fixed_split_blocks : 0;
   st.stages = kTokenStages;
-  st.stages_fp8 = items * splits > int64_t{kTokenFp8DeepWaves} * per_sm * dev.sm_count ? kTokenStagesFp8
-                                                                                      : kTokenStagesFp8Shallow;
+  // The fp8 ring's depth (token_config.h): by the grid's waves, and on sm_90 for a CTA alone on its SM by its list's
+  // length.
+  const int64_t ctas = items * splits;
+  const int64_t list = dense ? std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1) : n_max;
+  const bool alone_long = dev.cc >= 90 && ctas <= dev.sm_count && ceil_div64(list, splits) >= kTokenFp8LongListBlocks;
+  st.stages_fp8 = ctas > int64_t{kTokenFp8DeepWaves} * per_sm * dev.sm_count ? kTokenStagesFp8
+                  : alone_long                                                ? kTokenStagesFp8AlonePerSm
+                                                                              : kTokenStagesFp8Shallow;
   st.push_merge = push_fits && splits > 1;
   if (cluster == 0) cluster = static_cast<int>(splits);
   st.smem_bytes = dense_smem > 0 ? dense_smem : st.push_merge ? token_push_smem_bytes(cluster) : kTokenSmemBytes;

@@ -29,10 +29,17 @@ constexpr int kTokenStages = 3;
 // kTokenFp8DeepWaves waves of CTAs, else through all 6 (five tiles, 80 KB): fewer bytes in flight stream faster
 // where every CTA starts at once (H200, M3-TP1, 6 -> 3 stages: D-B64-fp8 41.0 -> 39.0 us, D-B128-fp8 77.2 -> 74.1,
 // D-mixed-fp8 40.2 -> 38.1), a deeper ring where many waves of CTAs follow one another (D-mtp16-fp8, 7.8 waves:
-// 232.8 us with 6, 240.8 with 3).
+// 232.8 us with 6, 240.8 with 3). On sm_90, a grid of at most one CTA per SM whose CTAs stream at least
+// kTokenFp8LongListBlocks blocks each cycles through 5 (64 KB per SM, what two CTAs of 3 stages keep in flight):
+// 3 -> 5 stages, same process, M3-TP1 D-B32-fp8 23.2 -> 22.6 us, M3-TP4 D-B128-fp8 23.25 -> 22.56, D-mtp-fp8
+// 22.68 -> 22.14 (16 blocks a CTA); with 4 blocks a CTA no gain (M3-TP4 D-B32-fp8 11.67-11.81 -> 11.84-11.85,
+// dense D-B1-fp8 14.38-14.47 -> 14.71), nor for sm_80 code, whose software widening bounds its issue rate (M3-TP1
+// D-B32-fp8 27.5-27.9 -> 28.1-28.3 us).
 constexpr int kTokenStagesFp8 = 6;
+constexpr int kTokenStagesFp8AlonePerSm = 5;
 constexpr int kTokenStagesFp8Shallow = 3;
 constexpr int kTokenFp8DeepWaves = 4;
+constexpr int kTokenFp8LongListBlocks = 8;
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
 // Dense plans of more than 16 splits: at most this many clusters (of 16, 8 or 4) per item, merged again through

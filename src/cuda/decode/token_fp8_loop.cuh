@@ -107,11 +107,11 @@ __device__ __forceinline__ void v_fragments_fp8_unchecked(uint32_t a0, uint32_t 
 #endif
 }
 
-// The tile loop over the ring that `copy` fills: `stages` (the plan's, kTokenStagesFp8 or kTokenStagesFp8Shallow)
-// of its stages of 64 K rows then 64 V rows, the first stages - 1 tiles already issued; qa / logit_scale: Q's
-// fragments in the permuted dim order and the rows' logit scales (exp2 domain). Leaves the CTA's merged state in
-// the 16-bit loop's layout: o (unnormalized, V in raw fp16 units), m_run, l_run of rows g and g + 8. Ends with
-// every warp past a CTA barrier and the ring free.
+// The tile loop over the ring that `copy` fills: `stages` (the plan's: kTokenStagesFp8, kTokenStagesFp8AlonePerSm
+// or kTokenStagesFp8Shallow) of its stages of 64 K rows then 64 V rows, the first stages - 1 tiles already issued;
+// qa / logit_scale: Q's fragments in the permuted dim order and the rows' logit scales (exp2 domain). Leaves the
+// CTA's merged state in the 16-bit loop's layout: o (unnormalized, V in raw fp16 units), m_run, l_run of rows g and
+// g + 8. Ends with every warp past a CTA barrier and the ring free.
 __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, const TokenTile* tiles, int n_tiles,
                                                     float* merge_buf, float* red_max, float* red_sum,
                                                     const uint32_t (&qa)[8][4], const float (&logit_scale)[2],
@@ -139,6 +139,8 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
     // At most stages - 2 groups newer than tile x's may stay pending.
     if (stages == kTokenStagesFp8)
       arch::cp_async_wait<kTokenStagesFp8 - 2>();
+    else if (stages == kTokenStagesFp8AlonePerSm)
+      arch::cp_async_wait<kTokenStagesFp8AlonePerSm - 2>();
     else
       arch::cp_async_wait<kTokenStagesFp8Shallow - 2>();
     __syncwarp();  // this warp's rows of tile x landed (every lane's copies); its reads of tile x - 1 are done

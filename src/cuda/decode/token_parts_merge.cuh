@@ -29,34 +29,45 @@ __device__ __forceinline__ void merge_parts(const float* part_o, const float* pa
   }
   __syncthreads();
   if (*flag == 0) return;
-  // merge_splits' arithmetic (split_merge.cuh): the max lse, weights exp(lse - max), their sum, in part order.
-  for (int u = threadIdx.x; u < owned * D; u += kTokenThreads) {
-    const int r = rank + (u / D) * C, col = u % D;
-    float ls[kTokenMaxParts];
-    float m = -INFINITY;
+  // merge_splits' arithmetic (split_merge.cuh): the max lse, weights exp(lse - max), their sum, in part order. Two
+  // values a pass, every part's lse and value read at once (a value is used only where its part's lse is finite), so
+  // that a pass costs one round trip to the L2, not two.
+  constexpr int kPass = 2;
+  for (int u0 = threadIdx.x; u0 < owned * D; u0 += kPass * kTokenThreads) {
+    float ls[kPass][kTokenMaxParts], x[kPass][kTokenMaxParts];
 #pragma unroll
-    for (int s = 0; s < kTokenMaxParts; ++s) {
-      ls[s] = s < parts ? __ldcg(part_lse + s * kTokenRows + r) : -INFINITY;
-      m = lse_fold_max(m, ls[s]);
-    }
-    float acc[1] = {0.f}, lse = -INFINITY;
-    if (m != -INFINITY) {
-      float x[kTokenMaxParts];
-#pragma unroll
-      for (int s = 0; s < kTokenMaxParts; ++s)
-        x[s] = ls[s] != -INFINITY ? __ldcg(part_o + (s * kTokenRows + r) * D + col) : 0.f;
-      float sum = 0.f;
+    for (int v = 0; v < kPass; ++v) {
+      const int u = u0 + v * kTokenThreads;
+      const int r = rank + (u / D) * C, col = u % D;
+      const bool here = u < owned * D;
 #pragma unroll
       for (int s = 0; s < kTokenMaxParts; ++s) {
-        if (ls[s] == -INFINITY) continue;
-        const float wt = lse_weight(ls[s], m);
-        sum += wt;
-        acc[0] += wt * x[s];
+        ls[v][s] = here && s < parts ? __ldcg(part_lse + s * kTokenRows + r) : -INFINITY;
+        x[v][s] = here && s < parts ? __ldcg(part_o + (s * kTokenRows + r) * D + col) : 0.f;
       }
-      acc[0] *= merge_inv(sum);
-      lse = m + merge_log(sum);
     }
-    emit(r, col, acc, lse);
+#pragma unroll
+    for (int v = 0; v < kPass; ++v) {
+      const int u = u0 + v * kTokenThreads;
+      if (u >= owned * D) break;
+      float m = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < kTokenMaxParts; ++s) m = lse_fold_max(m, ls[v][s]);
+      float acc[1] = {0.f}, lse = -INFINITY;
+      if (m != -INFINITY) {
+        float sum = 0.f;
+#pragma unroll
+        for (int s = 0; s < kTokenMaxParts; ++s) {
+          if (ls[v][s] == -INFINITY) continue;
+          const float wt = lse_weight(ls[v][s], m);
+          sum += wt;
+          acc[0] += wt * x[v][s];
+        }
+        acc[0] *= merge_inv(sum);
+        lse = m + merge_log(sum);
+      }
+      emit(rank + (u / D) * C, u % D, acc, lse);
+    }
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays reuse the plan)
 }

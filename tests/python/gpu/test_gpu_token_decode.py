@@ -175,12 +175,17 @@ def test_below_sm90_code(rng, fp8):
 
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_fp8_ring_depths(rng, interleaved):
-    """The fp8 tile loop cycles through 3 ring stages on grids of up to four waves and through 6 on longer ones
-    (token_config.h): both against the float64 reference over the dequantized cache, ragged lengths (tiles cut
-    inside, rows shorter than the ring), empty rows, both pool layouts."""
+    """The fp8 tile loop cycles through 3 ring stages on grids of up to four waves, through 5 on grids of at most one
+    CTA per SM whose CTAs stream 8 blocks or more (sm_90 code), and through 6 on longer grids (token_config.h): each
+    against the float64 reference over the dequantized cache, ragged lengths (tiles cut inside, rows shorter than the
+    ring), empty rows, both pool layouts. Below sm_90 code the kernel serves only the unsplit plans of the last two."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     hkv = 4
-    for batch, stages in ((5, "3"), (8 * sms // hkv + 1, "6")):  # 2 CTAs per SM: 4 waves hold 8 x SMs items
+    sm90 = mt.kernel_capability() >= (9, 0)
+    # 5 requests: 4 splits of 4 blocks; SMs / 4 requests: one unsplit CTA per SM, 16 blocks; 2 CTAs per SM: 4 waves
+    # hold 8 x SMs items
+    cases = [(sms // hkv, "5" if sm90 else "3"), (8 * sms // hkv + 1, "6")]
+    for batch, stages in ([(5, "3")] if sm90 else []) + cases:
         lens = [int(x) for x in rng.integers(1, 3000, batch)]
         prob = decode_problem(rng, lens, group=16, num_kv_heads=hkv, topk=16, empty_row_prob=0.05)
         plan = plan_for(prob, max_qo_len=1)
