@@ -29,7 +29,7 @@ for rep in $(seq "$REPS"); do
   for d in "${DIRS[@]}" .; do
     side=$(basename "$(cd "$d" && pwd)"); [ "$d" = . ] && side=B
     PYTHONPATH=$d/build/python python3 "bench/$BENCH.py" "${ARGS[@]}" --out-dir "$W/$side-r$rep" > "$W/$side-r$rep.log" 2>&1
-    echo "$rep $side $(grep -E '^[DPI]-' "$W/$side-r$rep.log" | awk '{printf "%s:%s:%s:%s=%s ", $1, $2, $3, $4, $5}') $(grep ceilings "$W/$side-r$rep.log")"
+    echo "$rep $side $(grep -E '^[DPIL]-' "$W/$side-r$rep.log" | awk '{printf "%s:%s:%s:%s=%s ", $1, $2, $3, $4, $5}') $(grep ceilings "$W/$side-r$rep.log")"
   done
 done | tee "$R/ab.txt"
 cp "$R/ab.txt" "$W/ab.txt"

@@ -83,3 +83,47 @@ def test_layer_decode_graph_replay_with_changing_lengths(rng):
         assert torch.equal(got_bi, block_idx), f"replay {it}: selection differs from eager"
         assert torch.equal(got, out), f"replay {it}: output differs from eager"
         assert not torch.isnan(got).any()
+
+
+# The decode layer's selection made inside the attention kernel (single-token kernel plans whose score rows hold
+# at most 512 blocks) against select_topk and attention run apart, bit for bit, outputs and block_idx poisoned
+# first. name: (Hkv, group, qo_lens, kv_lens, plan max_kv_len, force_begin, force_end, score layout, fp8 K/V)
+SELECT_CASES = {
+    "tp1": (4, 16, [1] * 6, [9000, 129, 0, 2048, 5000, 16 * BLOCK], 65536, 0, 1, "THK", False),
+    "tp1_fp8": (4, 16, [1] * 4, [7000, 3000, 1, 17 * BLOCK], 65536, 0, 1, "THK", True),
+    "tp4_splits_hkt": (1, 16, [1] * 3, [20000, 16 * BLOCK + 1, 70], 32768, 1, 1, "HKT", False),
+    "mtp_ragged": (4, 16, [2, 0, 3, 1], [4000, 50, 9000, 300], 16384, 0, 1, "THK", False),
+    "mtp_fp8_hkt": (1, 16, [4, 1, 3], [6000, 2000, 12000], 16384, 2, 1, "HKT", True),
+    "long_rows": (4, 16, [1, 1], [12000, 1000], 81920, 0, 1, "THK", False),  # 640 blocks: the select_topk kernel
+}
+
+
+@pytest.mark.parametrize("case", list(SELECT_CASES))
+def test_layer_decode_selection_in_kernel_equals_steps(rng, case):
+    hkv, group, qo_lens, kv_lens, max_kv, fb, fe, layout, fp8 = SELECT_CASES[case]
+    prob, q_index, k_index = _m3_problem(rng, qo_lens, kv_lens, hkv=hkv, group=group)
+    t = _cuda(prob, q_index, k_index)
+    k, v, scales = t["k_cache"], t["v_cache"], {}
+    if fp8:
+        ks, vs = float(k.abs().max()) / 448, float(v.abs().max()) / 448
+        k, v = (k / ks).to(torch.float8_e4m3fn), (v / vs).to(torch.float8_e4m3fn)
+        scales = dict(k_scale=ks, v_scale=vs)
+    plan = msa.plan_decode(len(kv_lens), max(qo_lens), max_kv, num_qo_heads=hkv * group, num_kv_heads=hkv, topk=16,
+                           device="cuda")
+    T, nb = t["q"].shape[0], (max_kv + BLOCK - 1) // BLOCK
+    shape = (hkv, nb, T) if layout == "HKT" else (T, hkv, nb)
+    scores = torch.empty(shape, device="cuda", dtype=torch.float32)
+    bi = torch.full((T, hkv, 16), 12345, device="cuda", dtype=torch.int32)
+    o = torch.full((T, hkv * group, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    msa.sparse_attention_layer(plan, t["q"], k, v, t["q_index"], t["k_index"], t["page_table"], t["qo_indptr"],
+                               t["kv_lens"], force_begin=fb, force_end=fe, scores=scores, score_layout=layout,
+                               block_idx=bi, out=o, **scales)
+    scores2 = msa.block_scores(t["q_index"], t["k_index"], t["page_table"], t["qo_indptr"], t["kv_lens"],
+                               max_blocks=nb, layout=layout)
+    bi2 = msa.select_topk(scores2, t["qo_indptr"], t["kv_lens"], 16, layout=layout, force_begin=fb, force_end=fe)
+    o2 = msa.attention(plan, t["q"], k, v, t["page_table"], t["qo_indptr"], t["kv_lens"], block_idx=bi2, **scales)
+    torch.cuda.synchronize()
+    assert torch.equal(scores, scores2)
+    assert torch.equal(bi, bi2)
+    assert torch.equal(o, o2)
+    assert not torch.isnan(o).any()
