@@ -11,17 +11,14 @@ score layout THK, every tensor unit-variance random, pages placed by a shuffled 
   L-step-D-1M-B8[-fp8] M3-TP1, B=8, 1,048,576 tokens per request
 Index heads: one per KV head (4 at TP1, 1 at TP4), all reading the one shared index-K head, so the index
 scan is the same at both shapes. Patterns:
-  chain           the layer call: two kernels, the scores, then the attention selecting its own blocks from
-                  them (docs/decode.md "The layer step"; rows of more than 512 blocks, the 1M rows, run
-                  select_topk between them); gbps = roofline bytes / time, ratio = roofline time /
-                  measured time, where
+  chain           the layer call; gbps = roofline bytes / time, ratio = roofline time / measured time, where
                   roofline bytes = index-K bytes read (+ the fp8 rows' 4-byte per-token scales) + the selected
                   K/V bytes (distinct selected blocks per (request, KV head), keys below kv_len, K and V)
                   + q, q_index and o bytes, and roofline time = roofline bytes / the copy ceiling of the run
   scores, topk, attention   each stage captured alone on the same inputs (attention on the chain's
                   selection); scores' gbps over the index-K bytes, attention's over the K/V, q and o bytes
-  sum-of-stages   the three stage times added: the step as three kernels (select_topk apart), against which
-                  the chain shows what the selection inside the attention kernel saves
+  sum-of-stages   the three stage times added: against the chain, what running the stages as one graph (the
+                  kernels launched with programmatic dependent launch) saves or costs
 Timing: each graph holds 8 copies of its call and is replayed back to back (an event pair around each replay,
 one synchronization at the end), as on a serving engine's stream; us is per call. One step reads >= 0.58 GB,
 ten times the L2, so repeating the inputs does not serve a call from the cache; the intermediates (scores,

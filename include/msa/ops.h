@@ -111,8 +111,6 @@ void build_page_table(const TensorView& req_to_token, const TensorView& req_pool
 // select_topk of plan.config().topk blocks per (token, KV head) with the forced first/last blocks, then
 // sparse attention with the plan. scores (fp32, `layout`, max_blocks >= ceil(max kv_len / 128)) and block_idx
 // ([T, Hkv, topk] int32) are caller-provided workspaces, so the call allocates nothing and can be captured.
-// On CUDA decode plans of the single-token kernel with rows of at most 512 blocks, the attention kernel makes the
-// selection itself (two kernels instead of three) and still writes it to block_idx.
 // opts' q_scale / k_scale / v_scale are the attention's (the index keys carry their own index.k_scale).
 struct IndexerInputs {
   TensorView q;        // [total_q, Hkv, Di]

@@ -40,9 +40,6 @@ int current_compute_capability();  // of the current device
 // Workspaces and work lists for a plan on a CUDA device; never synchronizes.
 std::shared_ptr<PlanState> make_plan_state(const Plan& plan);
 void attention(const Plan& plan, const AttentionParams& p, void* stream);
-// attention with the block indexes selected by the kernel from the scores (select_topk's params; writes
-// select.out) where the plan's kernel can (decode plans of the single-token kernel); false: nothing launched.
-bool attention_selecting(const Plan& plan, const AttentionParams& p, const SelectTopkParams& select, void* stream);
 void block_scores(const BlockScoresParams& p, void* stream);
 void select_topk(const SelectTopkParams& p, void* stream);
 void merge_candidates(const MergeCandidatesParams& p, void* stream);

@@ -13,7 +13,6 @@
 
 #include "core/backend.h"
 #include "core/checks.h"
-#include "core/dispatch.h"
 #include "core/value_checks.h"
 #include "msa/error.h"
 #include "msa/ops.h"
@@ -99,10 +98,9 @@ bool cuda_available() { return cuda::compiled() && cuda::available(); }
 
 int cuda_compute_capability() { return cuda_available() ? cuda::current_compute_capability() : 0; }
 
-// attention's arguments checked (their values too where host-readable: CPU, or opts.validate), then into params.
-static AttentionParams attention_params(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v,
-                                        const PageTable& pages, const Sequences& seqs, const TensorView& block_idx,
-                                        const TensorView& o, const TensorView& lse, const RunOptions& opts) {
+void attention(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v, const PageTable& pages,
+               const Sequences& seqs, const TensorView& block_idx, const TensorView& o, const TensorView& lse,
+               const RunOptions& opts) {
   const char* fn = "msa.attention";
   MSA_CHECK(plan.valid(), kValue, fn, ": argument 'plan': expected a plan from plan_prefill or plan_decode");
   const AttentionConfig& c = plan.config();
@@ -204,15 +202,8 @@ static AttentionParams attention_params(const Plan& plan, const TensorView& q, c
     check_page_values(fn, pages, p.pages, h, B, c.page_size, /*entries=*/true, opts.stream);
     if (c.topk > 0) check_block_idx_values(fn, block_idx, h, B, opts.stream);
   }
-  return p;
-}
-
-void attention(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v, const PageTable& pages,
-               const Sequences& seqs, const TensorView& block_idx, const TensorView& o, const TensorView& lse,
-               const RunOptions& opts) {
-  const AttentionParams p = attention_params(plan, q, k, v, pages, seqs, block_idx, o, lse, opts);
-  if (p.seqs.total_q == 0) return;
-  if (plan.device().is_cuda())
+  if (total_q == 0) return;
+  if (gpu)
     cuda::attention(plan, p, opts.stream);
   else
     reference::attention(p);
@@ -330,10 +321,9 @@ static void selection_args(const char* fn, bool gpu, const Device& dev, int64_t 
   p.out_stride_k = out.stride(2);
 }
 
-// select_topk's arguments checked (their values too where host-readable: CPU, or opts.validate), then into params.
-static SelectTopkParams select_topk_params(const TensorView& scores, ScoreLayout layout, const Sequences& seqs, int topk,
-                                           int force_begin, int force_end, const TensorView& out, bool causal,
-                                           const RunOptions& opts, const SelectTopkOptions& select) {
+void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& seqs, int topk, int force_begin,
+                 int force_end, const TensorView& out, bool causal, const RunOptions& opts,
+                 const SelectTopkOptions& select) {
   const char* fn = "msa.select_topk";
   const Device dev = scores.device();
   const bool gpu = dev.is_cuda();
@@ -392,43 +382,12 @@ static SelectTopkParams select_topk_params(const TensorView& scores, ScoreLayout
     p.os_stride_k = select.out_scores.stride(2);
   }
   if (h) check_seq_values(fn, *h, B, T, causal, nullptr, "scores");
-  return p;
-}
-
-void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& seqs, int topk, int force_begin,
-                 int force_end, const TensorView& out, bool causal, const RunOptions& opts,
-                 const SelectTopkOptions& select) {
-  const SelectTopkParams p =
-      select_topk_params(scores, layout, seqs, topk, force_begin, force_end, out, causal, opts, select);
-  if (p.seqs.total_q == 0) return;
-  if (scores.device().is_cuda())
+  if (T == 0) return;
+  if (gpu)
     cuda::select_topk(p, opts.stream);
   else
     reference::select_topk(p);
 }
-
-namespace detail {
-
-void select_topk_then_attention(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v,
-                                const PageTable& pages, const Sequences& seqs, const TensorView& scores,
-                                ScoreLayout layout, int force_begin, int force_end, const TensorView& block_idx,
-                                const TensorView& o, const TensorView& lse, const RunOptions& opts) {
-  const AttentionConfig& c = plan.config();
-  // Host-readable values (CPU, opts.validate) are checked call by call: block_idx's before the attention.
-  if (!plan.device().is_cuda() || opts.validate) {
-    select_topk(scores, layout, seqs, c.topk, force_begin, force_end, block_idx, c.causal, opts);
-    attention(plan, q, k, v, pages, seqs, block_idx, o, lse, opts);
-    return;
-  }
-  const SelectTopkParams sp =
-      select_topk_params(scores, layout, seqs, c.topk, force_begin, force_end, block_idx, c.causal, opts, {});
-  const AttentionParams ap = attention_params(plan, q, k, v, pages, seqs, block_idx, o, lse, opts);
-  if (sp.seqs.total_q > 0 && ap.seqs.total_q > 0 && cuda::attention_selecting(plan, ap, sp, opts.stream)) return;
-  if (sp.seqs.total_q > 0) cuda::select_topk(sp, opts.stream);
-  if (ap.seqs.total_q > 0) cuda::attention(plan, ap, opts.stream);
-}
-
-}  // namespace detail
 
 void merge_candidates(const TensorView& cand_scores, const TensorView& cand_ids, const Sequences& seqs,
                       int max_blocks, int topk, int force_begin, int force_end, const TensorView& out, bool causal,

@@ -1,7 +1,6 @@
 // sparse_attention_layer: the indexer's two steps and the sparse attention, composed. Each step
 // validates its own arguments; this adds only the checks that tie them together.
 #include "core/checks.h"
-#include "core/dispatch.h"
 #include "core/value_checks.h"
 #include "msa/error.h"
 #include "msa/ops.h"
@@ -34,9 +33,8 @@ void sparse_attention_layer(const Plan& plan, const TensorView& q, const TensorV
                              &plan, "q_index");
   }
   block_scores(index.q, index.k, index.k_scale, pages, seqs, scores, layout, c.causal, opts);
-  // The selection inside the attention kernel where the plan's kernel makes it (detail::select_topk_then_attention).
-  detail::select_topk_then_attention(plan, q, k, v, pages, seqs, scores, layout, force_begin, force_end, block_idx, o,
-                                     lse, opts);
+  select_topk(scores, layout, seqs, c.topk, force_begin, force_end, block_idx, c.causal, opts);
+  attention(plan, q, k, v, pages, seqs, block_idx, o, lse, opts);
 }
 
 }  // namespace msa

@@ -1,7 +1,6 @@
 // The attention entry of the CUDA backend: builds a plan's per-family state and routes each run
 // to the Hopper prefill kernels when they apply; else a prefill with a KV-major path to the portable
-// prefill (its KV-major kernel beside the paged kernel); else to the paged (sm_80+) family. The layer's
-// attention with the selection inside (attention_selecting) goes to the paged family's token kernel only.
+// prefill (its KV-major kernel beside the paged kernel); else to the paged (sm_80+) family.
 #include "core/knobs.h"
 #include "cuda/runtime/device_buffer.cuh"
 #include "cuda/plan_state.h"
@@ -53,15 +52,6 @@ void attention(const Plan& plan, const AttentionParams& p, void* stream) {
     return;
   }
   decode::run(*s.paged, plan, p, st);
-}
-
-bool attention_selecting(const Plan& plan, const AttentionParams& p, const SelectTopkParams& select, void* stream) {
-  MSA_CHECK(plan.state() != nullptr, kValue, "msa.attention: argument 'plan': built for the CPU, given CUDA tensors");
-  const auto& s = static_cast<const CudaPlanState&>(*plan.state());
-  if (s.sm90_prefill || s.portable_prefill || !decode::can_select(*s.paged, p, select)) return false;
-  DeviceGuard guard(s.device);
-  decode::run(*s.paged, plan, p, static_cast<cudaStream_t>(stream), nullptr, &select);
-  return true;
 }
 
 }  // namespace msa::detail::cuda

@@ -34,12 +34,8 @@ struct CudaPlanState : PlanState {
 namespace decode {
 std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev);
 // skip_items: prefill items the KV-major path computes (KernelParams::skip_items); null: none.
-// select: sparse_attention_layer's selection made by the kernel (token kernel plans, can_select), writing
-// select->out; null: the kernel reads p.block_idx.
 void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream,
-         const int32_t* skip_items = nullptr, const SelectTopkParams* select = nullptr);
-// Whether run() can make this selection itself for these params.
-bool can_select(const State& s, const AttentionParams& p, const SelectTopkParams& select);
+         const int32_t* skip_items = nullptr);
 std::string describe(const State& s);  // "paged=token splits=.. merge=.." / "paged=general rows=.. .."
 }  // namespace decode
 namespace prefill_sm90 {

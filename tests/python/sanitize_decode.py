@@ -58,41 +58,6 @@ def check(name, prob, **kw):
     print(f"ok {name}", flush=True)
 
 
-def layer_selection(name, qo_lens, kv_lens, hkv, max_kv, fp8=False):
-    """sparse_attention_layer on a decode plan of the single-token kernel (the selection inside the attention
-    kernel) against select_topk + attention, bit for bit."""
-    print(f"begin {name}", flush=True)
-    rng = np.random.default_rng(7)
-    T, B, nb = sum(qo_lens), len(kv_lens), max_kv // 128
-    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), device=DEV, dtype=torch.int32)
-    kv = torch.tensor(kv_lens, device=DEV, dtype=torch.int32)
-    pages = [(n + 127) // 128 for n in kv_lens]
-    table = torch.zeros(B, max(max(pages), 1), device=DEV, dtype=torch.int32)
-    perm = torch.from_numpy(rng.permutation(sum(pages)).astype(np.int32)).to(DEV)
-    for b, at in enumerate(np.cumsum([0] + pages[:-1])):
-        table[b, :pages[b]] = perm[at:at + pages[b]]
-    P = max(sum(pages), 1)
-    k = torch.randn(P, hkv, 128, 128, device=DEV, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    scales = {}
-    if fp8:
-        k, v = (k * 16).to(torch.float8_e4m3fn), (v * 16).to(torch.float8_e4m3fn)
-        scales = dict(k_scale=1 / 16, v_scale=1 / 16)
-    q = torch.randn(T, hkv * 16, 128, device=DEV, dtype=torch.bfloat16)
-    q_index = torch.randn(T, hkv, 128, device=DEV, dtype=torch.bfloat16)
-    k_index = torch.randn(P, 1, 128, 128, device=DEV, dtype=torch.bfloat16)
-    plan = msa.plan_decode(B, max(qo_lens), max_kv, num_qo_heads=hkv * 16, num_kv_heads=hkv, topk=16, device=DEV)
-    scores = torch.empty(T, hkv, nb, device=DEV)
-    bi = torch.full((T, hkv, 16), 12345, device=DEV, dtype=torch.int32)
-    o = msa.sparse_attention_layer(plan, q, k, v, q_index, k_index, table, qo_indptr, kv, scores=scores, block_idx=bi,
-                                   **scales)
-    bi2 = msa.select_topk(scores, qo_indptr, kv, 16, force_end=1)
-    o2 = msa.attention(plan, q, k, v, table, qo_indptr, kv, block_idx=bi2, **scales)
-    torch.cuda.synchronize()
-    assert torch.equal(bi, bi2) and torch.equal(o, o2), name
-    print(f"ok {name}", flush=True)
-
-
 def main():
     rng = np.random.default_rng(7)
 
@@ -160,10 +125,6 @@ def main():
     o, lse = run(prob([1, 1], [900, 300]), tamper=tamper)
     assert not np.isnan(o).any() and not np.isnan(lse).any()
     print("ok clamped device values", flush=True)
-
-    layer_selection("layer, selection in the token kernel, split", [1, 1, 1], [3000, 700, 0], hkv=4, max_kv=65536)
-    layer_selection("layer, selection in the token kernel, MTP ragged, fp8", [3, 0, 2], [9000, 50, 900], hkv=1,
-                    max_kv=16384, fp8=True)
 
     print("begin merge_states, build_page_table", flush=True)
     v = torch.randn(3, 9, 4, 64, device=DEV)

@@ -13,20 +13,8 @@ namespace msa::detail::cuda::decode {
 // tokens at 128-token pages).
 constexpr int kPrefetchPageEntries = 2048;
 
-// sparse_attention_layer's selection inside the single-token kernel (its kSelect instances, token_select.cuh):
-// a CTA takes its token's top-k from the scores row (select_topk's rule) instead of reading a.block_idx (null).
-struct TokenSelect {
-  const float* scores = nullptr;  // entry (t, h, blk) at t * stride_token + h * stride_head + blk * stride_block
-  int64_t stride_token = 0, stride_head = 0, stride_block = 0;
-  int32_t max_blocks = 0;  // the scores' block extent
-  int32_t force_begin = 0, force_end = 0;
-  int32_t* out = nullptr;  // the selection, written by split 0 of each token (the layer's block_idx)
-  int64_t out_stride_token = 0, out_stride_head = 0, out_stride_k = 0;
-};
-
 struct KernelParams {
   AttentionParams a;
-  TokenSelect select;
   float scale_log2 = 0.f;  // sm_scale * log2(e): logits live in the exp2 domain
 
   // Tiles of a request's query tokens.

@@ -36,7 +36,5 @@ const void* kernel_entry(ScalarType dtype, ScalarType kv_dtype, int head_dim, in
 // The single-token decode kernel (token_kernel.cuh) for dtype, with the push split merge or without it
 // (unsplit plans, and the pull merge of split_merge.cuh); nullptr when there is none.
 const void* token_kernel_entry(ScalarType dtype, ScalarType kv_dtype, bool push_merge = false);
-// The same kernel selecting its blocks from index scores (KernelParams::select, token_select.cuh).
-const void* token_select_kernel_entry(ScalarType dtype, ScalarType kv_dtype, bool push_merge = false);
 
 }  // namespace msa::detail::cuda::decode

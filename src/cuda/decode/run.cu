@@ -6,27 +6,15 @@
 #include "cuda/decode/kernel_params.cuh"
 #include "cuda/decode/kernel_table.h"
 #include "cuda/decode/state.cuh"
-#include "cuda/decode/token_config.h"
 #include "cuda/plan_state.h"
 #include "msa/error.h"
 
 namespace msa::detail::cuda::decode {
 
-bool can_select(const State& s, const AttentionParams& p, const SelectTopkParams& sel) {
-  // The selection the token kernel makes is select_topk's on these rows: same tokens, heads, top-k and
-  // causality, no options, and rows that fit warp 0's registers.
-  return s.unsupported.empty() && s.token_kernel && p.block_idx != nullptr && sel.topk == p.topk &&
-         sel.num_heads == p.num_kv_heads && sel.seqs.total_q == p.seqs.total_q && sel.causal == p.causal &&
-         !sel.finite_only && sel.block_map == nullptr && sel.out_scores == nullptr &&
-         sel.max_blocks <= 32 * kTokenSelectKeysPerLane;
-}
-
-void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream, const int32_t* skip_items,
-         const SelectTopkParams* select) {
+void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream, const int32_t* skip_items) {
   MSA_CHECK(s.unsupported.empty(), kNotImplemented, s.unsupported);
-  const void* fn = !s.token_kernel ? kernel_entry(p.dtype, p.kv_dtype, s.head_dim, s.rows, s.keys, s.mtiles)
-                   : select       ? token_select_kernel_entry(p.dtype, p.kv_dtype, s.push_merge)
-                                  : token_kernel_entry(p.dtype, p.kv_dtype, s.push_merge);
+  const void* fn = s.token_kernel ? token_kernel_entry(p.dtype, p.kv_dtype, s.push_merge)
+                                  : kernel_entry(p.dtype, p.kv_dtype, s.head_dim, s.rows, s.keys, s.mtiles);
   MSA_CHECK(fn != nullptr, kType, "msa.attention: arguments 'q' / 'k': the CUDA paged attention kernels take bfloat16 "
             "or float16 q with K/V of q's dtype or fp8 e4m3, got scalar types ", static_cast<int>(p.dtype), " / ",
             static_cast<int>(p.kv_dtype));
@@ -48,13 +36,6 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   kp.num_stages = p.kv_dtype == ScalarType::kF8E4M3 ? s.stages_fp8 : s.stages;
   kp.list_cap = s.list_cap;
   kp.skip_items = skip_items;
-  if (select) {  // can_select(s, p, *select) held
-    kp.a.block_idx = nullptr;
-    kp.select = TokenSelect{select->scores,     select->s_stride_token,   select->s_stride_head,
-                            select->s_stride_block, select->max_blocks,  select->force_begin,
-                            select->force_end,  select->out,              select->out_stride_token,
-                            select->out_stride_head, select->out_stride_k};
-  }
   kp.spec_qo_len = s.spec_qo_len;
   kp.tq_shift = s.tq_shift;
   const int ps = p.k.page_size;

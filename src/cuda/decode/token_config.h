@@ -41,9 +41,6 @@ constexpr int kTokenStagesFp8Shallow = 3;
 constexpr int kTokenFp8DeepWaves = 4;
 constexpr int kTokenFp8LongListBlocks = 8;
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
-// The selection inside the kernel (token_select.cuh) holds a scores row in warp 0's registers, this many
-// scores per lane: rows of up to 512 blocks (65536 tokens); longer rows take the select_topk kernel.
-constexpr int kTokenSelectKeysPerLane = 16;
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
 // Dense plans of more than 16 splits: at most this many clusters (of 16, 8 or 4) per item, merged again through
 // the workspace (token_parts_merge.cuh).

@@ -49,7 +49,6 @@
 #include "cuda/decode/token_fp8_loop.cuh"
 #include "cuda/decode/token_logits.cuh"
 #include "cuda/decode/token_parts_merge.cuh"
-#include "cuda/decode/token_select.cuh"
 #include "cuda/decode/token_trace.cuh"
 
 namespace msa::detail::cuda::decode {
@@ -148,9 +147,8 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
 }
 
 // T: q's and o's type; KV: the cache's (T, or E4M3: the tile loop of token_fp8_loop.cuh, K and V fragments
-// read straight from the fp8 rows). kSelect: the block indexes are selected here from kp.select's scores
-// (token_select.cuh), a.block_idx is null.
-template <typename T, typename KV, bool kPushMerge, bool kSelect>
+// read straight from the fp8 rows).
+template <typename T, typename KV, bool kPushMerge>
 __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __grid_constant__ KernelParams kp) {
   constexpr int D = kTokenHeadDim;
   constexpr bool kF8 = kIsFp8<KV>;
@@ -169,7 +167,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
   // Dense (no block indexes): every block of the token's visible range, split s taking a contiguous share.
-  const bool dense = !kSelect && p.block_idx == nullptr;
+  const bool dense = p.block_idx == nullptr;
   // The merge's clusters: the S splits form one (S <= 16), or a dense plan's S = parts x CS form `parts` clusters of
   // CS = 16, 8 or 4 whose merged rows meet again in the workspace (token_parts_merge.cuh). cluster_rank: the
   // split's place in its cluster.
@@ -207,12 +205,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
                        static_cast<int64_t>(lane) * p.bi_stride_k];
   };
   int32_t entry = -1;
-  [[maybe_unused]] TokenSelectRow sel_row{};  // kSelect: the scores row instead of the index row
-  if constexpr (kSelect) {
-    if (warp == 0 && x_cta < p.seqs.total_q) load_select_row(kp.select, x_cta, g, sel_row);
-  } else {
-    if (warp == 0 && lane < topk && x_cta < p.seqs.total_q) entry = read_entry(x_cta);
-  }
+  if (warp == 0 && lane < topk && x_cta < p.seqs.total_q) entry = read_entry(x_cta);
   // The request's rows, lengths and page-row bounds, read in the same round trip as the guessed index
   // row, so that the page reads below leave after one round trip. Every one of them is used before the
   // early return of an empty token: otherwise ptxas sinks the length loads past that return and the
@@ -248,22 +241,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   int32_t page[2] = {-1, -1}, off[2] = {0, 0};
   uint32_t key = 0xffffffffu;
   if (warp == 0) {
-    if constexpr (kSelect) {
-      if (has_token) {
-        if (q0 != x_cta) load_select_row(kp.select, q0, g, sel_row);
-        // select_topk's valid blocks: below kv_len and the scores' extent, and when causal up to the position.
-        const int64_t nkv = min((static_cast<int64_t>(kv_len) + kBlock - 1) / kBlock,
-                                static_cast<int64_t>(kp.select.max_blocks));
-        const int n = static_cast<int>(p.causal ? (pos < 0 ? 0 : min(pos / kBlock + 1, nkv)) : nkv);
-        int32_t* out = split == 0 ? kp.select.out + q0 * kp.select.out_stride_token +
-                                        static_cast<int64_t>(g) * kp.select.out_stride_head
-                                  : nullptr;
-        // The tile records' bytes hold the row until warp 0 writes the tiles below.
-        entry = select_token_blocks(kp.select, sel_row, n, topk, reinterpret_cast<int32_t*>(tiles), out);
-      }
-    } else {
-      if (q0 != x_cta && lane < topk) entry = has_token ? read_entry(q0) : -1;
-    }
+    if (q0 != x_cta && lane < topk) entry = has_token ? read_entry(q0) : -1;
     if (dense) {  // lane e: block lb + e of this split's share, ceil(blocks / S) <= 32 blocks (the plan's bound)
       const int nb = static_cast<int>((static_cast<uint32_t>(kv_hi) + kBlock - 1) / kBlock);
       const int chunk = (nb + S - 1) / S, lb = split * chunk;
@@ -756,27 +734,6 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
                                                         emit);
   MSA_TRACE_MARK(15, 0);
   MSA_TRACE_END(S);
-}
-
-// The instance for (q's dtype, the cache's dtype, push merge): T x (T or E4M3); nullptr for other pairs. Used
-// by token_kernel.cu (kSelect = false) and token_kernel_select.cu (true), one translation unit each.
-template <bool kSelect>
-const void* token_kernel_instance(ScalarType dtype, ScalarType kv_dtype, bool push) {
-  const auto for_merge = [&](auto t, auto kv) -> const void* {
-    using TT = decltype(t);
-    using KK = decltype(kv);
-    return push ? reinterpret_cast<const void*>(&token_decode_kernel<TT, KK, true, kSelect>)
-                : reinterpret_cast<const void*>(&token_decode_kernel<TT, KK, false, kSelect>);
-  };
-  const auto for_cache = [&](auto t) -> const void* {
-    if (kv_dtype == ScalarType::kF8E4M3) return for_merge(t, E4M3{});
-    return kv_dtype == dtype ? for_merge(t, t) : nullptr;
-  };
-  switch (dtype) {
-    case ScalarType::kBF16: return for_cache(__nv_bfloat16{});
-    case ScalarType::kF16: return for_cache(__half{});
-    default: return nullptr;
-  }
 }
 
 }  // namespace msa::detail::cuda::decode

@@ -18,7 +18,6 @@ int compute_capability(int) { return 0; }
 int current_compute_capability() { return 0; }
 std::shared_ptr<PlanState> make_plan_state(const Plan&) { no_cuda(); }
 void attention(const Plan&, const AttentionParams&, void*) { no_cuda(); }
-bool attention_selecting(const Plan&, const AttentionParams&, const SelectTopkParams&, void*) { no_cuda(); }
 void block_scores(const BlockScoresParams&, void*) { no_cuda(); }
 void select_topk(const SelectTopkParams&, void*) { no_cuda(); }
 void merge_candidates(const MergeCandidatesParams&, void*) { no_cuda(); }

@@ -85,21 +85,22 @@ def test_layer_decode_graph_replay_with_changing_lengths(rng):
         assert not torch.isnan(got).any()
 
 
-# The decode layer's selection made inside the attention kernel (single-token kernel plans whose score rows hold
-# at most 512 blocks) against select_topk and attention run apart, bit for bit, outputs and block_idx poisoned
-# first. name: (Hkv, group, qo_lens, kv_lens, plan max_kv_len, force_begin, force_end, score layout, fp8 K/V)
+# The decode layer against block_scores, select_topk and attention run apart, bit for bit, on the M3 shapes'
+# decode forms (splits, MTP with ragged and empty requests, forced first blocks, HKT scores, fp8 K/V, rows longer
+# than 512 blocks), outputs and block_idx poisoned first.
+# name: (Hkv, group, qo_lens, kv_lens, plan max_kv_len, force_begin, force_end, score layout, fp8 K/V)
 SELECT_CASES = {
     "tp1": (4, 16, [1] * 6, [9000, 129, 0, 2048, 5000, 16 * BLOCK], 65536, 0, 1, "THK", False),
     "tp1_fp8": (4, 16, [1] * 4, [7000, 3000, 1, 17 * BLOCK], 65536, 0, 1, "THK", True),
     "tp4_splits_hkt": (1, 16, [1] * 3, [20000, 16 * BLOCK + 1, 70], 32768, 1, 1, "HKT", False),
     "mtp_ragged": (4, 16, [2, 0, 3, 1], [4000, 50, 9000, 300], 16384, 0, 1, "THK", False),
     "mtp_fp8_hkt": (1, 16, [4, 1, 3], [6000, 2000, 12000], 16384, 2, 1, "HKT", True),
-    "long_rows": (4, 16, [1, 1], [12000, 1000], 81920, 0, 1, "THK", False),  # 640 blocks: the select_topk kernel
+    "long_rows": (4, 16, [1, 1], [12000, 1000], 81920, 0, 1, "THK", False),
 }
 
 
 @pytest.mark.parametrize("case", list(SELECT_CASES))
-def test_layer_decode_selection_in_kernel_equals_steps(rng, case):
+def test_layer_decode_forms_equal_steps(rng, case):
     hkv, group, qo_lens, kv_lens, max_kv, fb, fe, layout, fp8 = SELECT_CASES[case]
     prob, q_index, k_index = _m3_problem(rng, qo_lens, kv_lens, hkv=hkv, group=group)
     t = _cuda(prob, q_index, k_index)
