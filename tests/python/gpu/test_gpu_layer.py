@@ -89,7 +89,7 @@ def test_layer_decode_graph_replay_with_changing_lengths(rng):
 # decode forms (splits, MTP with ragged and empty requests, forced first blocks, HKT scores, fp8 K/V, rows longer
 # than 512 blocks), outputs and block_idx poisoned first.
 # name: (Hkv, group, qo_lens, kv_lens, plan max_kv_len, force_begin, force_end, score layout, fp8 K/V)
-SELECT_CASES = {
+LAYER_DECODE_CASES = {
     "tp1": (4, 16, [1] * 6, [9000, 129, 0, 2048, 5000, 16 * BLOCK], 65536, 0, 1, "THK", False),
     "tp1_fp8": (4, 16, [1] * 4, [7000, 3000, 1, 17 * BLOCK], 65536, 0, 1, "THK", True),
     "tp4_splits_hkt": (1, 16, [1] * 3, [20000, 16 * BLOCK + 1, 70], 32768, 1, 1, "HKT", False),
@@ -99,9 +99,9 @@ SELECT_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(SELECT_CASES))
+@pytest.mark.parametrize("case", list(LAYER_DECODE_CASES))
 def test_layer_decode_forms_equal_steps(rng, case):
-    hkv, group, qo_lens, kv_lens, max_kv, fb, fe, layout, fp8 = SELECT_CASES[case]
+    hkv, group, qo_lens, kv_lens, max_kv, fb, fe, layout, fp8 = LAYER_DECODE_CASES[case]
     prob, q_index, k_index = _m3_problem(rng, qo_lens, kv_lens, hkv=hkv, group=group)
     t = _cuda(prob, q_index, k_index)
     k, v, scales = t["k_cache"], t["v_cache"], {}
