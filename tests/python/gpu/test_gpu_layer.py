@@ -85,9 +85,10 @@ def test_layer_decode_graph_replay_with_changing_lengths(rng):
         assert not torch.isnan(got).any()
 
 
-# The decode layer against block_scores, select_topk and attention run apart, bit for bit, on the M3 shapes'
-# decode forms (splits, MTP with ragged and empty requests, forced first blocks, HKT scores, fp8 K/V, rows longer
-# than 512 blocks), outputs and block_idx poisoned first.
+# The decode layer against block_scores, select_topk and attention run apart, bit for bit, and against the float64
+# attention over its selection (fp8: over the dequantized cache), on the M3 shapes' decode forms (splits, MTP with
+# ragged and empty requests, forced first blocks, HKT scores, fp8 K/V, rows longer than 512 blocks), outputs and
+# block_idx poisoned first.
 # name: (Hkv, group, qo_lens, kv_lens, plan max_kv_len, force_begin, force_end, score layout, fp8 K/V)
 LAYER_DECODE_CASES = {
     "tp1": (4, 16, [1] * 6, [9000, 129, 0, 2048, 5000, 16 * BLOCK], 65536, 0, 1, "THK", False),
@@ -128,3 +129,9 @@ def test_layer_decode_forms_equal_steps(rng, case):
     assert torch.equal(bi, bi2)
     assert torch.equal(o, o2)
     assert not torch.isnan(o).any()
+    prob.block_idx, prob.topk = bi.cpu().numpy(), 16
+    if fp8:
+        prob.k_cache = k.float().cpu().numpy().astype(np.float64) * scales["k_scale"]
+        prob.v_cache = v.float().cpu().numpy().astype(np.float64) * scales["v_scale"]
+    o_ref, _ = mt.ref_attention(prob)
+    mt.assert_close(o.float().cpu().numpy(), o_ref)
