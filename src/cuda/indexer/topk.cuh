@@ -5,7 +5,9 @@
 // non-finite score with finite_only). The k'-th largest key (k' = topk - forced) is found by a bitwise
 // search that starts below the bits all candidates share (the common prefix of the row's largest and
 // smallest key: sign and leading exponent bits of same-sign scores) and stops as soon as the prefix
-// isolates exactly k' keys; with k' or fewer candidates (finite_only) there is no search: all of them. One
+// isolates exactly k' keys; with k' or fewer candidates (finite_only) there is no search: all of them. A lane
+// counts its keys >= a candidate as the population count of its compares packed into one word; decode rows
+// resolve two bits per warp reduction (three candidates' counts in one redux.sync). One
 // ascending pass over the blocks then takes the forced blocks and every key >= the threshold (or, when the
 // search ended on equal keys, every key above it and the lowest-index keys equal to it), and writes them in
 // order through ballot prefix counts, -1 after them: any output strides, no sort. block_map and out_scores
@@ -33,16 +35,31 @@ __device__ __forceinline__ uint32_t score_key(float s, bool finite_only) {
 // Keys of one row held in registers: lane l has blocks l, l+32, ..., C of them.
 template <int C>
 struct RegKeys {
+  static constexpr bool kPackedCounts = 32 * C < 1024;  // a row's counts fit 10 bits
   uint32_t k[C];
   template <typename F>
   __device__ __forceinline__ void each(F&& f) const {
 #pragma unroll
     for (int i = 0; i < C; ++i) f(i, k[i]);
   }
+  // Up to 32 compares packed into one word (P2R) and counted by POPC: ~27 instructions per count at 16 keys a
+  // lane, no dependent add chain (a select and an add per key took ~56).
+  __device__ __forceinline__ uint32_t lane_count_at_least(uint32_t x) const {
+    uint32_t c = 0;
+#pragma unroll
+    for (int j = 0; j < C; j += 32) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int i = 0; i < 32 && j + i < C; ++i) m |= static_cast<uint32_t>(k[j + i] >= x) << i;
+      c += __popc(m);
+    }
+    return c;
+  }
 };
 
 // Keys of one row in shared memory (rows longer than the register capacity).
 struct SmemKeys {
+  static constexpr bool kPackedCounts = false;
   const uint32_t* buf;
   int nch;
   template <typename F>
@@ -50,13 +67,28 @@ struct SmemKeys {
     const int lane = threadIdx.x & 31;
     for (int i = 0; i < nch; ++i) f(i, buf[i * 32 + lane]);
   }
+  __device__ __forceinline__ uint32_t lane_count_at_least(uint32_t x) const {
+    uint32_t c = 0;
+    each([&](int, uint32_t k) { c += k >= x; });
+    return c;
+  }
 };
 
 template <typename Keys>
 __device__ __forceinline__ int count_at_least(const Keys& keys, uint32_t x) {
-  int c0 = 0, c1 = 0;  // two chains: half the add latency on the search's critical path
-  keys.each([&](int i, uint32_t k) { (i & 1 ? c1 : c0) += k >= x; });
-  return __reduce_add_sync(kFullMask, c0 + c1);
+  return static_cast<int>(__reduce_add_sync(kFullMask, keys.lane_count_at_least(x)));
+}
+
+// The counts of keys >= c1, c2, c3: three 10-bit fields of one redux where a row's counts fit.
+template <typename Keys>
+__device__ __forceinline__ void count3_at_least(const Keys& keys, uint32_t c1, uint32_t c2, uint32_t c3, int* n) {
+  if constexpr (Keys::kPackedCounts) {
+    const uint32_t s = __reduce_add_sync(kFullMask, keys.lane_count_at_least(c1) | keys.lane_count_at_least(c2) << 10 |
+                                                        keys.lane_count_at_least(c3) << 20);
+    n[0] = static_cast<int>(s & 1023u), n[1] = static_cast<int>(s >> 10 & 1023u), n[2] = static_cast<int>(s >> 20);
+  } else {
+    n[0] = count_at_least(keys, c1), n[1] = count_at_least(keys, c2), n[2] = count_at_least(keys, c3);
+  }
 }
 
 // The token and head of warp row `row`: token-fastest rows take consecutive tokens of one head.
@@ -98,8 +130,10 @@ struct RowSink {
 };
 
 // Selects and writes one row; keys built for the candidates among blocks [fb, n - fe). Without finite_only
-// n > topk (shorter rows take every valid block, in the kernel).
-template <typename Keys>
+// n > topk (shorter rows take every valid block, in the kernel). kTwoBitsPerStep: the search resolves two bits
+// per redux.sync (three counts), which pays where a row's warp is alone on its scheduler (decode: latency-bound)
+// and costs where many rows share an SM (prefill: bound by the instructions issued).
+template <bool kTwoBitsPerStep, typename Keys>
 __device__ __forceinline__ void select_row(const Keys& keys, int n, const SelectTopkParams& p, bool finite_only,
                                            const RowSink& sink) {
   const int lane = threadIdx.x & 31;
@@ -124,7 +158,21 @@ __device__ __forceinline__ void select_row(const Keys& keys, int n, const Select
     const uint32_t diff = mx ^ mn;
     thr = diff ? (mx & ~(0xFFFFFFFFu >> __clz(diff))) : mx;
     int cnt = ncand;
-    for (int bit = 31 - __clz(diff); bit >= 0 && cnt != kp; --bit) {
+    int bit = 31 - __clz(diff);
+    if constexpr (kTwoBitsPerStep) {  // bits (bit, bit - 1) at once: the largest of 3 candidates with >= k' keys
+      for (; bit >= 1 && cnt != kp; bit -= 2) {
+        const uint32_t lo = 1u << (bit - 1), c2 = thr | lo << 1;
+        int n[3];
+        count3_at_least(keys, thr | lo, c2, c2 | lo, n);
+        if (n[2] >= kp)
+          thr = c2 | lo, cnt = n[2];
+        else if (n[1] >= kp)
+          thr = c2, cnt = n[1];
+        else if (n[0] >= kp)
+          thr |= lo, cnt = n[0];
+      }
+    }
+    for (; bit >= 0 && cnt != kp; --bit) {
       const uint32_t cand = thr | (1u << bit);
       const int c = count_at_least(keys, cand);
       if (c >= kp) thr = cand, cnt = c;
@@ -255,7 +303,7 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
           keys.k[i] = blk >= lo && blk < hi ? score_key(w[i], finite_only) : 0u;
         }
       }
-      select_row(keys, n, p, finite_only, sink);
+      select_row<kDecode>(keys, n, p, finite_only, sink);
     });
   } else {
     uint32_t* buf = smem_keys + (threadIdx.x >> 5) * ((p.max_blocks + 31) / 32 * 32);
@@ -265,7 +313,7 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
           blk >= lo && blk < hi ? score_key(__ldg(srow + blk * p.s_stride_block), finite_only) : 0u;
     }
     __syncwarp();
-    select_row(SmemKeys{buf, nch}, n, p, finite_only, sink);
+    select_row<false>(SmemKeys{buf, nch}, n, p, finite_only, sink);
   }
   if constexpr (kOptions) sink.finish();
 }
