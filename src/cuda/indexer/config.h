@@ -72,6 +72,8 @@ inline constexpr int kTopkMaxK = 64;
 // Batches with at most this many tokens per request take the decode form (speculative loads).
 inline constexpr int kTopkDecodeTokensPerRequest = 4;
 inline constexpr int kTopkMaxRegBlocks = 32 * 64;    // 64 keys per lane: rows up to 2048 blocks (256K tokens)
-inline constexpr int kTopkMaxSmemBlocks = 1 << 15;   // longer rows: 128 KB of shared memory per row (4M tokens)
+inline constexpr int kTopkMaxSmemBlocks = 1 << 15;   // longer rows: select_topk's CTA per row (4M tokens), merge_candidates'
+                                                     // keys in shared memory (128 KB per row)
+inline constexpr int kTopkRowWarps = 16;             // warps of select_topk's CTA per row: 64 keys per lane at 1 << 15 blocks
 
 }  // namespace msa::detail::cuda::indexer

@@ -87,10 +87,12 @@ __global__ void __launch_bounds__(256) merge_candidates_kernel(const MergeCandid
       RegKeys<C> keys;
 #pragma unroll
       for (int i = 0; i < C; ++i) keys.k[i] = i < nch ? buf[32 * i + lane] : 0u;
-      select_row<false>(keys, n, p, false, sink);
+      WarpRow warp_row;
+      select_row<false>(keys, n, p, false, sink, warp_row, 0);
     });
   } else {
-    select_row<false>(SmemKeys{buf, nch}, n, p, false, sink);
+    WarpRow warp_row;
+    select_row<false>(SmemKeys{buf, nch}, n, p, false, sink, warp_row, 0);
   }
 }
 

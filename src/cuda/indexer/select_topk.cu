@@ -1,6 +1,7 @@
-// Launch of select_topk: the register capacity per lane is picked from the scores' block extent, the
-// decode form (speculative request guess and row loads) from the token and request counts, the instance
-// with the options' code (finite_only, block_map, out_scores) when any is given.
+// Launch of select_topk: the register capacity per lane is picked from the scores' block extent (a warp per
+// row up to kTopkMaxRegBlocks blocks, a CTA per row beyond), the decode form (speculative request guess and row
+// loads) from the token and request counts, the instance with the options' code (finite_only, block_map,
+// out_scores) when any is given.
 #include "cuda/indexer/launch.h"
 #include "cuda/indexer/topk.cuh"
 #include "cuda/runtime/check.cuh"
@@ -15,12 +16,11 @@ namespace {
 // Launches with programmatic dependent launch where the device has it (the kernel waits for the previous
 // kernel of the stream before its first read): a decode step's top-k then starts while the scores
 // kernel drains instead of after it.
-template <typename Kernel>
-void launch(Kernel kernel, unsigned grid, unsigned threads, unsigned smem, const SelectTopkParams& p, bool token_fastest,
-            cudaStream_t stream) {
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, unsigned grid, unsigned threads, cudaStream_t stream, const Args&... args) {
   int device = 0;
   MSA_CUDA_CHECK(cudaGetDevice(&device));
-  launch_kernel(pdl_supported(device), kernel, dim3(grid), dim3(threads), smem, stream, p, token_fastest);
+  launch_kernel(pdl_supported(device), kernel, dim3(grid), dim3(threads), 0, stream, args...);
 }
 
 template <int CAP>
@@ -33,15 +33,15 @@ void launch_cap(const SelectTopkParams& p, bool token_fastest, int64_t rows, cud
   const bool options = p.finite_only || p.block_map || p.out_scores;
   auto kernel = decode ? (options ? &select_topk_kernel<CAP, true, true> : &select_topk_kernel<CAP, true, false>)
                        : (options ? &select_topk_kernel<CAP, false, true> : &select_topk_kernel<CAP, false, false>);
-  launch(kernel, grid, warps * 32, 0, p, token_fastest, stream);
+  launch(kernel, grid, warps * 32, stream, p, token_fastest);
 }
 
-void launch_smem(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
-  const int smem = (p.max_blocks + 31) / 32 * 32 * static_cast<int>(sizeof(uint32_t));
+template <int C>
+void launch_row_cta(const SelectTopkParams& p, bool token_fastest, int64_t rows, cudaStream_t stream) {
+  const bool decode = p.seqs.total_q <= kTopkDecodeTokensPerRequest * static_cast<int64_t>(p.seqs.batch_size);
   const bool options = p.finite_only || p.block_map || p.out_scores;
-  auto kernel = options ? select_topk_kernel<0, false, true> : select_topk_kernel<0, false, false>;
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  launch(kernel, static_cast<unsigned>(rows), 32, smem, p, token_fastest, stream);
+  auto kernel = options ? &select_topk_row_cta_kernel<C, true> : &select_topk_row_cta_kernel<C, false>;
+  launch(kernel, static_cast<unsigned>(rows), kTopkRowWarps * 32, stream, p, token_fastest, decode);
 }
 
 }  // namespace
@@ -52,25 +52,16 @@ void launch_select_topk(const SelectTopkParams& p, cudaStream_t stream) {
             " rows (tokens x heads) exceed the CUDA grid");
   // HKT-like layouts (tokens contiguous): consecutive warps take consecutive tokens of one head.
   const bool token_fastest = p.s_stride_token == 1 && p.s_stride_block != 1;
-  const int chunks = (p.max_blocks + 31) / 32;
-  if (chunks <= 1)
-    launch_cap<1>(p, token_fastest, rows, stream);
-  else if (chunks <= 2)
-    launch_cap<2>(p, token_fastest, rows, stream);
-  else if (chunks <= 4)
-    launch_cap<4>(p, token_fastest, rows, stream);
-  else if (chunks <= 8)
-    launch_cap<8>(p, token_fastest, rows, stream);
-  else if (chunks <= 16)
-    launch_cap<16>(p, token_fastest, rows, stream);
-  else if (chunks <= 32)
-    launch_cap<32>(p, token_fastest, rows, stream);
-  else if (p.max_blocks <= kTopkMaxRegBlocks)
-    launch_cap<64>(p, token_fastest, rows, stream);
-  else {
+  if (p.max_blocks <= kTopkMaxRegBlocks) {  // a warp per row, 1..64 keys per lane
+    with_keys_per_lane<1, kTopkMaxRegBlocks / 32>((p.max_blocks + 31) / 32,
+                                                  [&](auto c) { launch_cap<decltype(c)::value>(p, token_fastest, rows, stream); });
+  } else {  // a CTA per row, 8..64 keys per lane
     MSA_CHECK(p.max_blocks <= kTopkMaxSmemBlocks, kNotImplemented, "msa.select_topk: argument 'scores': ",
               p.max_blocks, " blocks per row; the CUDA kernel takes up to ", kTopkMaxSmemBlocks);
-    launch_smem(p, token_fastest, rows, stream);
+    constexpr int kRowKeys = 32 * kTopkRowWarps;
+    with_keys_per_lane<8, kTopkMaxSmemBlocks / kRowKeys>((p.max_blocks + kRowKeys - 1) / kRowKeys, [&](auto c) {
+      launch_row_cta<decltype(c)::value>(p, token_fastest, rows, stream);
+    });
   }
 }
 

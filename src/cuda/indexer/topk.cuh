@@ -55,9 +55,12 @@ struct RegKeys {
     }
     return c;
   }
+  __device__ __forceinline__ void lane_count3_at_least(uint32_t c1, uint32_t c2, uint32_t c3, uint32_t* n) const {
+    n[0] = lane_count_at_least(c1), n[1] = lane_count_at_least(c2), n[2] = lane_count_at_least(c3);
+  }
 };
 
-// Keys of one row in shared memory (rows longer than the register capacity).
+// Keys of one row in shared memory (merge_candidates' rows longer than the register capacity).
 struct SmemKeys {
   static constexpr bool kPackedCounts = false;
   const uint32_t* buf;
@@ -68,26 +71,101 @@ struct SmemKeys {
     for (int i = 0; i < nch; ++i) f(i, buf[i * 32 + lane]);
   }
   __device__ __forceinline__ uint32_t lane_count_at_least(uint32_t x) const {
-    uint32_t c = 0;
-    each([&](int, uint32_t k) { c += k >= x; });
-    return c;
+    uint32_t c0 = 0, c1 = 0;  // two chains: half the add latency on the search's critical path
+    each([&](int i, uint32_t k) { (i & 1 ? c1 : c0) += k >= x; });
+    return c0 + c1;
   }
 };
 
-template <typename Keys>
-__device__ __forceinline__ int count_at_least(const Keys& keys, uint32_t x) {
-  return static_cast<int>(__reduce_add_sync(kFullMask, keys.lane_count_at_least(x)));
+// How a row's per-lane counts and extremes are combined. WarpRow: the row is one warp's. CtaRow: the row's
+// blocks are spread over the CTA's kTopkRowWarps warps (rows longer than a warp holds in registers); each
+// combination is a warp reduction, then the warps' values exchanged through shared memory, double-buffered so
+// that one CTA barrier an exchange suffices (a buffer is written again only after the next exchange's barrier,
+// which every reader of its previous values has passed).
+struct WarpRow {
+  static constexpr bool kMultiWarp = false;
+  __device__ __forceinline__ uint32_t sum(uint32_t v) { return __reduce_add_sync(kFullMask, v); }
+  __device__ __forceinline__ void sum3(uint32_t* v) {
+#pragma unroll
+    for (int j = 0; j < 3; ++j) v[j] = __reduce_add_sync(kFullMask, v[j]);
+  }
+  __device__ __forceinline__ void max_min(uint32_t& mx, uint32_t& mn) {
+    mx = __reduce_max_sync(kFullMask, mx);
+    mn = __reduce_min_sync(kFullMask, mn);
+  }
+};
+
+struct CtaRow {
+  static constexpr bool kMultiWarp = true;
+  uint32_t (*xchg)[kTopkRowWarps][3];  // [2][warps][values]
+  int parity = 0;
+  // v: this warp's values (warp-uniform) -> every warp's, lane l < kTopkRowWarps holding warp l's.
+  template <int N>
+  __device__ __forceinline__ void exchange(uint32_t* v, const uint32_t* fill) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) xchg[parity][warp][j] = v[j];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = lane < kTopkRowWarps ? xchg[parity][lane][j] : fill[j];
+    parity ^= 1;
+  }
+  __device__ __forceinline__ uint32_t sum(uint32_t x) {
+    uint32_t v[1] = {__reduce_add_sync(kFullMask, x)};
+    const uint32_t zero[1] = {0};
+    exchange<1>(v, zero);
+    return __reduce_add_sync(kFullMask, v[0]);
+  }
+  __device__ __forceinline__ void sum3(uint32_t* v) {
+    const uint32_t zero[3] = {0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 3; ++j) v[j] = __reduce_add_sync(kFullMask, v[j]);
+    exchange<3>(v, zero);
+#pragma unroll
+    for (int j = 0; j < 3; ++j) v[j] = __reduce_add_sync(kFullMask, v[j]);
+  }
+  __device__ __forceinline__ void max_min(uint32_t& mx, uint32_t& mn) {
+    uint32_t v[2] = {__reduce_max_sync(kFullMask, mx), __reduce_min_sync(kFullMask, mn)};
+    const uint32_t fill[2] = {0u, 0xFFFFFFFFu};
+    exchange<2>(v, fill);
+    mx = __reduce_max_sync(kFullMask, v[0]);
+    mn = __reduce_min_sync(kFullMask, v[1]);
+  }
+  // Exclusive prefix over the row's earlier warps and the row's total, of two warp-uniform values.
+  __device__ __forceinline__ void scan2(uint32_t a, uint32_t b, uint32_t* pre, uint32_t* tot) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t v[2] = {a, b};
+    const uint32_t zero[2] = {0, 0};
+    exchange<2>(v, zero);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      pre[j] = __reduce_add_sync(kFullMask, lane < warp ? v[j] : 0u);
+      tot[j] = __reduce_add_sync(kFullMask, v[j]);
+    }
+  }
+};
+
+template <typename Keys, typename Row>
+__device__ __forceinline__ int count_at_least(const Keys& keys, uint32_t x, Row& row) {
+  return static_cast<int>(row.sum(keys.lane_count_at_least(x)));
 }
 
-// The counts of keys >= c1, c2, c3: three 10-bit fields of one redux where a row's counts fit.
-template <typename Keys>
-__device__ __forceinline__ void count3_at_least(const Keys& keys, uint32_t c1, uint32_t c2, uint32_t c3, int* n) {
-  if constexpr (Keys::kPackedCounts) {
-    const uint32_t s = __reduce_add_sync(kFullMask, keys.lane_count_at_least(c1) | keys.lane_count_at_least(c2) << 10 |
-                                                        keys.lane_count_at_least(c3) << 20);
+// The counts of keys >= c1, c2, c3: three 10-bit fields of one warp reduction where a row's counts fit.
+template <typename Keys, typename Row>
+__device__ __forceinline__ void count3_at_least(const Keys& keys, uint32_t c1, uint32_t c2, uint32_t c3, int* n,
+                                                Row& row) {
+  if constexpr (Keys::kPackedCounts && !Row::kMultiWarp) {
+    const uint32_t s = row.sum(keys.lane_count_at_least(c1) | keys.lane_count_at_least(c2) << 10 |
+                               keys.lane_count_at_least(c3) << 20);
     n[0] = static_cast<int>(s & 1023u), n[1] = static_cast<int>(s >> 10 & 1023u), n[2] = static_cast<int>(s >> 20);
   } else {
-    n[0] = count_at_least(keys, c1), n[1] = count_at_least(keys, c2), n[2] = count_at_least(keys, c3);
+    uint32_t a[3];
+    keys.lane_count3_at_least(c1, c2, c3, a);
+    row.sum3(a);
+#pragma unroll
+    for (int j = 0; j < 3; ++j) n[j] = static_cast<int>(a[j]);
   }
 }
 
@@ -110,12 +188,23 @@ struct RowSink {
   bool token_fastest;
   __device__ __forceinline__ void put(int j, int blk) const { out[j * p.out_stride_k] = blk; }
   __device__ __forceinline__ void empty(int j) const { out[j * p.out_stride_k] = -1; }
-  __device__ __forceinline__ void finish() const {
+  // A row of at most topk valid blocks (without a finite_only choice): every block, then -1. One warp.
+  template <bool kOptions>
+  __device__ __forceinline__ void take_all(int n, unsigned row) const {
+    for (int j = threadIdx.x & 31; j < p.topk; j += 32) {
+      if (j < n)
+        put(j, j);
+      else
+        empty(j);
+    }
+    if constexpr (kOptions) finish(row);
+  }
+  // row: the warp's row (one warp per row), or the CTA's (the caller has passed a CTA barrier).
+  __device__ __forceinline__ void finish(unsigned row) const {
     if (!p.block_map && !p.out_scores) return;
     __syncwarp();  // the row's ids, written by any lane, visible to every lane
     unsigned t, h;
-    row_token_head<unsigned>(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5),
-                             static_cast<unsigned>(p.seqs.total_q), static_cast<unsigned>(p.num_heads),
+    row_token_head<unsigned>(row, static_cast<unsigned>(p.seqs.total_q), static_cast<unsigned>(p.num_heads),
                              token_fastest, &t, &h);
     const int32_t* map = p.block_map ? p.block_map + b * p.bm_stride_req : nullptr;
     float* os = p.out_scores ? p.out_scores + t * p.os_stride_token + h * p.os_stride_head : nullptr;
@@ -132,17 +221,19 @@ struct RowSink {
 // Selects and writes one row; keys built for the candidates among blocks [fb, n - fe). Without finite_only
 // n > topk (shorter rows take every valid block, in the kernel). kTwoBitsPerStep: the search resolves two bits
 // per redux.sync (three counts), which pays where a row's warp is alone on its scheduler (decode: latency-bound)
-// and costs where many rows share an SM (prefill: bound by the instructions issued).
-template <bool kTwoBitsPerStep, typename Keys>
+// and where a row's warps exchange every count through shared memory (CtaRow), and costs where many rows share an
+// SM (prefill: bound by the instructions issued). The lane's key i is block base + 32 i + lane (base:
+// the warp's first block of a CtaRow row, 0 otherwise).
+template <bool kTwoBitsPerStep, typename Keys, typename Row>
 __device__ __forceinline__ void select_row(const Keys& keys, int n, const SelectTopkParams& p, bool finite_only,
-                                           const RowSink& sink) {
+                                           const RowSink& sink, Row& row, int base) {
   const int lane = threadIdx.x & 31;
   const unsigned lt = (1u << lane) - 1u;
   const int kp = p.topk - p.force_begin - p.force_end;  // blocks chosen by score
   uint32_t thr = 0xFFFFFFFFu;                            // above every key: nothing by score
   int need_eq = 0;                                       // > 0: take thr's lowest-index keys, this many
   // Candidates (keys >= 1): every block of [fb, n - fe) unless finite_only drops some.
-  const int ncand = kp <= 0 ? 0 : finite_only ? count_at_least(keys, 1u) : n - p.force_begin - p.force_end;
+  const int ncand = kp <= 0 ? 0 : finite_only ? count_at_least(keys, 1u, row) : n - p.force_begin - p.force_end;
   if (finite_only && kp > 0 && ncand <= kp) {
     thr = 1u;  // all of them: k' or fewer finite candidates (without finite_only n > topk: never)
   } else if (kp > 0) {
@@ -151,8 +242,7 @@ __device__ __forceinline__ void select_row(const Keys& keys, int n, const Select
       mx = max(mx, k);
       mn = k ? min(mn, k) : mn;
     });
-    mx = __reduce_max_sync(kFullMask, mx);
-    mn = __reduce_min_sync(kFullMask, mn);
+    row.max_min(mx, mn);
     // Every candidate lies in [mn, mx], so all share the bits above the highest bit where mx and mn
     // differ: start there, with the count of keys >= thr = all candidates.
     const uint32_t diff = mx ^ mn;
@@ -163,7 +253,7 @@ __device__ __forceinline__ void select_row(const Keys& keys, int n, const Select
       for (; bit >= 1 && cnt != kp; bit -= 2) {
         const uint32_t lo = 1u << (bit - 1), c2 = thr | lo << 1;
         int n[3];
-        count3_at_least(keys, thr | lo, c2, c2 | lo, n);
+        count3_at_least(keys, thr | lo, c2, c2 | lo, n, row);
         if (n[2] >= kp)
           thr = c2 | lo, cnt = n[2];
         else if (n[1] >= kp)
@@ -174,16 +264,30 @@ __device__ __forceinline__ void select_row(const Keys& keys, int n, const Select
     }
     for (; bit >= 0 && cnt != kp; --bit) {
       const uint32_t cand = thr | (1u << bit);
-      const int c = count_at_least(keys, cand);
+      const int c = count_at_least(keys, cand, row);
       if (c >= kp) thr = cand, cnt = c;
     }
     // Every bit resolved and still more than k' keys >= thr: thr is the k'-th largest key and has ties;
     // take the keys above it and the lowest-index ones equal to it (need_eq >= 1).
-    if (cnt != kp) need_eq = kp - count_at_least(keys, thr + 1);
+    if (cnt != kp) need_eq = kp - count_at_least(keys, thr + 1, row);
   }
-  int pos = 0, eq_seen = 0;
+  int pos = 0, eq_seen = 0, total = 0;
+  if constexpr (Row::kMultiWarp) {  // where this warp's blocks start in the row's output, and the row's total
+    uint32_t c[2] = {0, 0};           // by the rule (forced, above / at the threshold); equal to it
+    keys.each([&](int i, uint32_t k) {
+      const int blk = base + 32 * i + lane;
+      const bool forced = blk < n && (blk < p.force_begin || blk >= n - p.force_end);
+      c[0] += forced || (need_eq > 0 ? k > thr : k >= thr);
+      c[1] += need_eq > 0 && k == thr;
+    });
+    uint32_t pre[2], tot[2];
+    row.scan2(__reduce_add_sync(kFullMask, c[0]), __reduce_add_sync(kFullMask, c[1]), pre, tot);
+    pos = static_cast<int>(pre[0]) + min(static_cast<int>(pre[1]), need_eq);
+    eq_seen = static_cast<int>(pre[1]);
+    total = static_cast<int>(tot[0]) + min(static_cast<int>(tot[1]), need_eq);
+  }
   keys.each([&](int i, uint32_t k) {
-    const int blk = 32 * i + lane;
+    const int blk = base + 32 * i + lane;
     const bool forced = blk < n && (blk < p.force_begin || blk >= n - p.force_end);
     bool sel;
     if (need_eq > 0) {  // warp-uniform
@@ -198,12 +302,15 @@ __device__ __forceinline__ void select_row(const Keys& keys, int n, const Select
     if (sel) sink.put(pos + __popc(selm & lt), blk);
     pos += __popc(selm);
   });
-  for (int j = pos + lane; j < p.topk; j += 32) sink.empty(j);
+  if constexpr (!Row::kMultiWarp) total = pos;
+  if (!Row::kMultiWarp || threadIdx.x < 32)
+    for (int j = total + lane; j < p.topk; j += 32) sink.empty(j);
 }
 
-// Calls f(std::integral_constant<int, C>) with the smallest power of two C >= nch, C <= CAP.
+// Calls f(std::integral_constant<int, C>) with the smallest power of two C >= nch, C <= CAP (on the host: the
+// launch's choice of instance).
 template <int C, int CAP, typename F>
-__device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
+__host__ __device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
   if constexpr (C >= CAP) {
     f(std::integral_constant<int, CAP>{});
   } else {
@@ -214,7 +321,29 @@ __device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
   }
 }
 
-// CAP > 0: keys in registers, up to CAP per lane. CAP == 0: keys in dynamic shared memory, one warp per CTA.
+// The request of token t: guessed as t * B / T first when `guess` (exact for uniform batches; its loads issue
+// together), else (or when wrong) searched. False when t is no token of the batch.
+__device__ __forceinline__ bool find_request(const SeqParams& s, int64_t t, bool guess, int* b, Request* rq) {
+  const int64_t T = s.total_q;
+  if (guess) {
+    *b = static_cast<int>(t * s.batch_size / T);
+    *rq = load_request(s, *b);
+    if (rq->q_begin <= t && t < rq->q_begin + rq->q_len) return true;
+  }
+  *b = warp_last_le(s.batch_size, t, [&](int i) { return clamp_to<int64_t>(s.qo_indptr[i], 0, T); });
+  if (*b < 0) return false;
+  *rq = load_request(s, *b);
+  return t < rq->q_begin + rq->q_len;
+}
+
+// The row's valid blocks: [0, n) (causal: up to the token's own block).
+__device__ __forceinline__ int row_blocks(const SelectTopkParams& p, const Request& rq, int64_t t) {
+  const int64_t pos = rq.offset + (t - rq.q_begin);
+  const int64_t nkv = min64((rq.kv_len + kBlock - 1) / kBlock, p.max_blocks);
+  return static_cast<int>(p.causal ? (pos < 0 ? 0 : min64(pos / kBlock + 1, nkv)) : nkv);
+}
+
+// One warp per row, its keys in registers, up to CAP per lane (rows up to kTopkMaxRegBlocks blocks).
 // kDecode (few tokens per request, host-known): the request of token t is guessed as t * B / T (exact
 // for uniform batches, checked, searched otherwise) and the row's scores and the guessed request's
 // lengths are loaded together, so a row costs one round trip to memory instead of three.
@@ -224,7 +353,6 @@ __device__ __forceinline__ void with_keys_per_lane(int nch, F&& f) {
 // Launched with PDL on sm_90 (launch_select_topk): nothing is read before arch::grid_dependency_wait().
 template <int CAP, bool kDecode, bool kOptions>
 __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams p, bool token_fastest) {
-  extern __shared__ uint32_t smem_keys[];
   arch::grid_dependency_wait();
   arch::allow_dependent_launch();
   const int lane = threadIdx.x & 31;
@@ -237,7 +365,6 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
   const int h = static_cast<int>(h64);
   const float* srow = p.scores + t * p.s_stride_token + h * p.s_stride_head;
 
-  static_assert(!kDecode || CAP > 0, "decode rows are held in registers");
   float v[kDecode ? CAP : 1];
   if constexpr (kDecode) {
 #pragma unroll
@@ -246,76 +373,96 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
       v[i] = __ldg(srow + (blk < p.max_blocks ? blk * p.s_stride_block : 0));
     }
   }
-  auto indptr = [&](int i) { return clamp_to<int64_t>(p.seqs.qo_indptr[i], 0, T); };
+  int b;
   Request rq;
-  int b = -1;
-  bool found = false;
-  if constexpr (kDecode) {
-    b = static_cast<int>(t * p.seqs.batch_size / T);
-    rq = load_request(p.seqs, b);  // its loads issue together
-    found = rq.q_begin <= t && t < rq.q_begin + rq.q_len;
-  }
-  if (!found) {
-    b = warp_last_le(p.seqs.batch_size, t, indptr);
-    if (b < 0) return;
-    rq = load_request(p.seqs, b);
-    if (t >= rq.q_begin + rq.q_len) return;  // not a token of the batch
-  }
+  if (!find_request(p.seqs, t, kDecode, &b, &rq)) return;
   const RowSink sink{p, p.out + t * p.out_stride_token + h * p.out_stride_head, b, token_fastest};
-  const int64_t pos = rq.offset + (t - rq.q_begin);
-  const int64_t nkv = min64((rq.kv_len + kBlock - 1) / kBlock, p.max_blocks);
-  const int n = static_cast<int>(p.causal ? (pos < 0 ? 0 : min64(pos / kBlock + 1, nkv)) : nkv);
+  const int n = row_blocks(p, rq, t);
 
   const bool finite_only = kOptions && p.finite_only;
   if (n <= p.topk && (!finite_only || n == 0)) {  // every valid block
-    for (int j = lane; j < p.topk; j += 32) {
-      if (j < n)
-        sink.put(j, j);
-      else
-        sink.empty(j);
-    }
-    if constexpr (kOptions) sink.finish();
+    sink.take_all<kOptions>(n, static_cast<unsigned>(row));
     return;
   }
   const int lo = p.force_begin, hi = n - p.force_end;  // candidates by score
   const int nch = (n + 31) / 32;
-  if constexpr (CAP > 0) {
-    with_keys_per_lane<1, CAP>(nch, [&](auto c) {
-      constexpr int C = decltype(c)::value;
-      RegKeys<C> keys;
-      if constexpr (kDecode) {
+  with_keys_per_lane<1, CAP>(nch, [&](auto c) {
+    constexpr int C = decltype(c)::value;
+    RegKeys<C> keys;
+    if constexpr (kDecode) {
 #pragma unroll
-        for (int i = 0; i < C; ++i) {
-          const int blk = 32 * i + lane;
-          keys.k[i] = blk >= lo && blk < hi ? score_key(v[i], finite_only) : 0u;
-        }
-      } else {
-        // All loads first (address clamped to block 0) so that they are in flight together.
-        float w[C];
-#pragma unroll
-        for (int i = 0; i < C; ++i) {
-          const int blk = 32 * i + lane;
-          w[i] = __ldg(srow + (blk >= lo && blk < hi ? blk * p.s_stride_block : 0));
-        }
-#pragma unroll
-        for (int i = 0; i < C; ++i) {
-          const int blk = 32 * i + lane;
-          keys.k[i] = blk >= lo && blk < hi ? score_key(w[i], finite_only) : 0u;
-        }
+      for (int i = 0; i < C; ++i) {
+        const int blk = 32 * i + lane;
+        keys.k[i] = blk >= lo && blk < hi ? score_key(v[i], finite_only) : 0u;
       }
-      select_row<kDecode>(keys, n, p, finite_only, sink);
-    });
-  } else {
-    uint32_t* buf = smem_keys + (threadIdx.x >> 5) * ((p.max_blocks + 31) / 32 * 32);
-    for (int i = 0; i < nch; ++i) {
-      const int blk = 32 * i + lane;
-      buf[i * 32 + lane] =
-          blk >= lo && blk < hi ? score_key(__ldg(srow + blk * p.s_stride_block), finite_only) : 0u;
+    } else {
+      // All loads first (address clamped to block 0) so that they are in flight together.
+      float w[C];
+#pragma unroll
+      for (int i = 0; i < C; ++i) {
+        const int blk = 32 * i + lane;
+        w[i] = __ldg(srow + (blk >= lo && blk < hi ? blk * p.s_stride_block : 0));
+      }
+#pragma unroll
+      for (int i = 0; i < C; ++i) {
+        const int blk = 32 * i + lane;
+        keys.k[i] = blk >= lo && blk < hi ? score_key(w[i], finite_only) : 0u;
+      }
     }
-    __syncwarp();
-    select_row<false>(SmemKeys{buf, nch}, n, p, finite_only, sink);
+    WarpRow warp_row;
+    select_row<kDecode>(keys, n, p, finite_only, sink, warp_row, 0);
+  });
+  if constexpr (kOptions) sink.finish(static_cast<unsigned>(row));
+}
+
+// One CTA of kTopkRowWarps warps per row (rows longer than kTopkMaxRegBlocks blocks: 8192 at 1M tokens), C keys
+// per lane in registers, warp w holding blocks [w * 32 C, (w + 1) * 32 C). A warp alone on such a row (its keys in
+// shared memory, read once per bit of the search) took ~105 us at 1M tokens x 32 rows; here every count is 16
+// warps' population counts and one exchange. `guess`: the decode form's request guess (select_topk_kernel).
+// (The minimum of one CTA per SM lets ptxas give C = 32 more than 64 registers, where it spilled 8 bytes; at C = 64
+// the same hint made it spill 60 bytes at 128 registers, without it none.)
+template <int C, bool kOptions>
+__global__ void __launch_bounds__(kTopkRowWarps * 32, C == 32 ? 1 : 0) select_topk_row_cta_kernel(const SelectTopkParams p,
+                                                                                 bool token_fastest, bool guess) {
+  __shared__ uint32_t xchg[2][kTopkRowWarps][3];
+  arch::grid_dependency_wait();
+  arch::allow_dependent_launch();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = blockIdx.x;  // the grid is the rows
+  int64_t t, h64;
+  row_token_head<int64_t>(row, p.seqs.total_q, p.num_heads, token_fastest, &t, &h64);
+  const int h = static_cast<int>(h64);
+  const float* srow = p.scores + t * p.s_stride_token + h * p.s_stride_head;
+  const int base = warp * 32 * C;
+  float w[C];  // all loads first, in flight with the request's (blocks past the scores' extent: block 0's)
+#pragma unroll
+  for (int i = 0; i < C; ++i) {
+    const int blk = base + 32 * i + lane;
+    w[i] = __ldg(srow + (blk < p.max_blocks ? blk * p.s_stride_block : 0));
   }
-  if constexpr (kOptions) sink.finish();
+  int b;
+  Request rq;
+  if (!find_request(p.seqs, t, guess, &b, &rq)) return;  // the same for every warp of the row
+  const RowSink sink{p, p.out + t * p.out_stride_token + h * p.out_stride_head, b, token_fastest};
+  const int n = row_blocks(p, rq, t);
+  const bool finite_only = kOptions && p.finite_only;
+  if (n <= p.topk && (!finite_only || n == 0)) {  // every valid block
+    if (warp == 0) sink.take_all<kOptions>(n, static_cast<unsigned>(row));
+    return;
+  }
+  const int lo = p.force_begin, hi = n - p.force_end;  // candidates by score
+  RegKeys<C> keys;
+#pragma unroll
+  for (int i = 0; i < C; ++i) {
+    const int blk = base + 32 * i + lane;
+    keys.k[i] = blk >= lo && blk < hi ? score_key(w[i], finite_only) : 0u;
+  }
+  CtaRow cta_row{xchg};
+  select_row<true>(keys, n, p, finite_only, sink, cta_row, base);
+  if constexpr (kOptions) {
+    __syncthreads();  // every warp's ids written
+    if (warp == 0) sink.finish(static_cast<unsigned>(row));
+  }
 }
 
 }  // namespace msa::detail::cuda::indexer

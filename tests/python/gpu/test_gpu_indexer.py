@@ -341,9 +341,9 @@ def test_select_topk(rng, topk, force, score_layout, index_layout):
     np.testing.assert_array_equal(got[:8], ref)
 
 
-@pytest.mark.parametrize("nb", [1, 40, 100, 600, 1500, 2500])
+@pytest.mark.parametrize("nb", [1, 40, 100, 600, 1500, 2500, 8192, 20000])
 def test_select_topk_row_lengths(rng, nb):
-    """Every register capacity (1..64 keys per lane) and the shared-memory path (> 2048 blocks)."""
+    """Every register capacity of a warp per row (1..64 keys per lane) and of a CTA per row (> 2048 blocks)."""
     kv_lens = [nb * 128, nb * 128 - 5, 77, 0]
     qo_lens = [3, 1, 1, 0]
     qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
@@ -351,6 +351,21 @@ def test_select_topk_row_lengths(rng, nb):
     for score_layout in ("HKT", "THK"):
         got = gpu_topk(s, qo_indptr, kv_lens, 16, score_layout=score_layout, index_layout="THK")
         np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, 16))
+
+
+@pytest.mark.parametrize("nb", [2049, 9000, 32768])
+@pytest.mark.parametrize("topk,force", [(64, (2, 3)), (16, (0, 1)), (5, (0, 0))])
+@pytest.mark.parametrize("score_layout", ["HKT", "THK"])
+def test_select_topk_long_rows_ties(rng, nb, topk, force, score_layout):
+    """A CTA per row (> 2048 blocks): ties at the threshold spread over the row's warps (the lowest-index equal
+    keys are taken across warps), forced blocks in the first and last warps, short and empty rows beside long."""
+    kv_lens = [nb * 128, nb * 128 - 200, 3000, 300, 0]
+    qo_lens = [2, 1, 1, 1, 0]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    for ties in (True, False):
+        s = random_scores(rng, int(qo_indptr[-1]), 2, nb, ties=ties)
+        got = gpu_topk(s, qo_indptr, kv_lens, topk, score_layout=score_layout, index_layout="THK", force=force)
+        np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, topk, force=force))
 
 
 # (qo_lens, kv_lens) of select_topk's forms: decode (<= 4 tokens per request), MTP, ragged with empty requests, prefill.
@@ -465,10 +480,10 @@ def test_select_topk_options(rng, topk, force, finite_only, score_layout):
                          finite_only=finite_only, block_map=owned_ids(rng, len(kv_lens), nb))
 
 
-@pytest.mark.parametrize("nb", [1, 40, 100, 600, 1500, 2500])
+@pytest.mark.parametrize("nb", [1, 40, 100, 600, 1500, 2500, 8192, 20000])
 @pytest.mark.parametrize("ties", [False, True])
 def test_select_topk_options_row_lengths(rng, nb, ties):
-    """Every register capacity (1..64 keys per lane) and the shared-memory path (> 2048 blocks), decode
+    """Every register capacity (1..64 keys per lane) and a CTA per row (> 2048 blocks), decode
     (one token per request) and prefill (many tokens per request) forms, rows with few or no finite scores."""
     for qo_lens in ([1, 1, 1, 0], [9, 3, 5, 0]):
         kv_lens = [nb * 128, nb * 128 - 5, 77, 0]
