@@ -60,23 +60,6 @@ struct RegKeys {
   }
 };
 
-// Keys of one row in shared memory (merge_candidates' rows longer than the register capacity).
-struct SmemKeys {
-  static constexpr bool kPackedCounts = false;
-  const uint32_t* buf;
-  int nch;
-  template <typename F>
-  __device__ __forceinline__ void each(F&& f) const {
-    const int lane = threadIdx.x & 31;
-    for (int i = 0; i < nch; ++i) f(i, buf[i * 32 + lane]);
-  }
-  __device__ __forceinline__ uint32_t lane_count_at_least(uint32_t x) const {
-    uint32_t c0 = 0, c1 = 0;  // two chains: half the add latency on the search's critical path
-    each([&](int i, uint32_t k) { (i & 1 ? c1 : c0) += k >= x; });
-    return c0 + c1;
-  }
-};
-
 // How a row's per-lane counts and extremes are combined. WarpRow: the row is one warp's. CtaRow: the row's
 // blocks are spread over the CTA's kTopkRowWarps warps (rows longer than a warp holds in registers); each
 // combination is a warp reduction, then the warps' values exchanged through shared memory, double-buffered so
