@@ -67,13 +67,12 @@ inline constexpr int kPortableWarps = 4;
 inline constexpr int kPortableRows = 16 * kPortableWarps;  // m16 per warp
 inline constexpr int kPortableStages = 3;
 
-// ---- select_topk (topk.cuh): one warp per (token, head) row, the row's keys in registers.
+// ---- select_topk (topk.cuh): a warp (or a CTA) per (token, head) row, the row's keys in registers.
 inline constexpr int kTopkMaxK = 64;
 // Batches with at most this many tokens per request take the decode form (speculative loads).
 inline constexpr int kTopkDecodeTokensPerRequest = 4;
 inline constexpr int kTopkMaxRegBlocks = 32 * 64;    // 64 keys per lane: rows up to 2048 blocks (256K tokens)
-inline constexpr int kTopkMaxSmemBlocks = 1 << 15;   // longer rows: select_topk's CTA per row (4M tokens), merge_candidates'
-                                                     // keys in shared memory (128 KB per row)
-inline constexpr int kTopkRowWarps = 16;             // warps of select_topk's CTA per row: 64 keys per lane at 1 << 15 blocks
+inline constexpr int kTopkMaxRowBlocks = 1 << 15;    // longer rows (up to 4M tokens): a CTA per row, 64 keys per lane
+inline constexpr int kTopkRowWarps = 16;             // warps of that CTA
 
 }  // namespace msa::detail::cuda::indexer

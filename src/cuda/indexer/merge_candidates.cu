@@ -14,15 +14,15 @@ void launch_merge_candidates(const MergeCandidatesParams& p, cudaStream_t stream
   const int64_t rows = p.select.seqs.total_q * p.select.num_heads;
   MSA_CHECK(rows <= 0x7fffffffLL, kNotImplemented, fn, ": argument 'cand_scores': ", rows,
             " rows (tokens x heads) exceed the CUDA grid");
-  MSA_CHECK(p.select.max_blocks <= kTopkMaxSmemBlocks, kNotImplemented, fn, ": argument 'max_blocks': the CUDA kernel "
-            "takes up to ", kTopkMaxSmemBlocks, " blocks per row, got ", p.select.max_blocks);
+  MSA_CHECK(p.select.max_blocks <= kTopkMaxRowBlocks, kNotImplemented, fn, ": argument 'max_blocks': the CUDA kernel "
+            "takes up to ", kTopkMaxRowBlocks, " blocks per row, got ", p.select.max_blocks);
   int device = 0;
   MSA_CUDA_CHECK(cudaGetDevice(&device));
   const int row_words = (p.select.max_blocks + 31) / 32 * 32;
   const int row_bytes = row_words * static_cast<int>(sizeof(uint32_t));
   if (p.select.max_blocks > kTopkMaxRegBlocks) {  // a CTA per row, 8..64 keys per lane
     constexpr int kRowKeys = 32 * kTopkRowWarps;
-    with_keys_per_lane<8, kTopkMaxSmemBlocks / kRowKeys>((p.select.max_blocks + kRowKeys - 1) / kRowKeys, [&](auto c) {
+    with_keys_per_lane<8, kTopkMaxRowBlocks / kRowKeys>((p.select.max_blocks + kRowKeys - 1) / kRowKeys, [&](auto c) {
       const auto kernel = merge_candidates_row_cta_kernel<decltype(c)::value>;
       if (row_bytes > (48 << 10))
         MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, row_bytes));

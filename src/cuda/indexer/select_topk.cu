@@ -56,10 +56,10 @@ void launch_select_topk(const SelectTopkParams& p, cudaStream_t stream) {
     with_keys_per_lane<1, kTopkMaxRegBlocks / 32>((p.max_blocks + 31) / 32,
                                                   [&](auto c) { launch_cap<decltype(c)::value>(p, token_fastest, rows, stream); });
   } else {  // a CTA per row, 8..64 keys per lane
-    MSA_CHECK(p.max_blocks <= kTopkMaxSmemBlocks, kNotImplemented, "msa.select_topk: argument 'scores': ",
-              p.max_blocks, " blocks per row; the CUDA kernel takes up to ", kTopkMaxSmemBlocks);
+    MSA_CHECK(p.max_blocks <= kTopkMaxRowBlocks, kNotImplemented, "msa.select_topk: argument 'scores': ",
+              p.max_blocks, " blocks per row; the CUDA kernel takes up to ", kTopkMaxRowBlocks);
     constexpr int kRowKeys = 32 * kTopkRowWarps;
-    with_keys_per_lane<8, kTopkMaxSmemBlocks / kRowKeys>((p.max_blocks + kRowKeys - 1) / kRowKeys, [&](auto c) {
+    with_keys_per_lane<8, kTopkMaxRowBlocks / kRowKeys>((p.max_blocks + kRowKeys - 1) / kRowKeys, [&](auto c) {
       launch_row_cta<decltype(c)::value>(p, token_fastest, rows, stream);
     });
   }
