@@ -44,26 +44,13 @@ __global__ void __launch_bounds__(256) merge_candidates_kernel(const MergeCandid
     pre_id[j] = -1;
     if (lane + 32 * j < m) cand(lane + 32 * j, &pre_id[j], &pre_s[j]);
   }
-  int b = static_cast<int>(t * p.seqs.batch_size / T);
-  Request rq = load_request(p.seqs, b);
-  if (!(rq.q_begin <= t && t < rq.q_begin + rq.q_len)) {
-    auto indptr = [&](int i) { return clamp_to<int64_t>(p.seqs.qo_indptr[i], 0, T); };
-    b = warp_last_le(p.seqs.batch_size, t, indptr);
-    if (b < 0) return;
-    rq = load_request(p.seqs, b);
-    if (t >= rq.q_begin + rq.q_len) return;  // not a token of the batch (as select_topk)
-  }
+  int b;
+  Request rq;
+  if (!find_request(p.seqs, t, true, &b, &rq)) return;  // not a token of the batch (as select_topk)
   const RowSink sink{p, p.out + t * p.out_stride_token + h * p.out_stride_head, b, false};
-  const int64_t pos = rq.offset + (t - rq.q_begin);
-  const int64_t nkv = min64((rq.kv_len + kBlock - 1) / kBlock, p.max_blocks);
-  const int n = static_cast<int>(p.causal ? (pos < 0 ? 0 : min64(pos / kBlock + 1, nkv)) : nkv);
+  const int n = row_blocks(p, rq, t);
   if (n <= p.topk) {  // every valid block, whatever the candidates
-    for (int j = lane; j < p.topk; j += 32) {
-      if (j < n)
-        sink.put(j, j);
-      else
-        sink.empty(j);
-    }
+    sink.take_all<false>(n, static_cast<unsigned>(row));
     return;
   }
   const int lo = p.force_begin, hi = n - p.force_end;  // blocks chosen by score
