@@ -401,7 +401,8 @@ __global__ void __launch_bounds__(512) select_topk_kernel(const SelectTopkParams
 // One CTA of kTopkRowWarps warps per row (rows longer than kTopkMaxRegBlocks blocks: 8192 at 1M tokens), C keys
 // per lane in registers, warp w holding blocks [w * 32 C, (w + 1) * 32 C). A warp alone on such a row (its keys in
 // shared memory, read once per bit of the search) took ~116 us at 1M tokens x 32 rows, against ~12.7 here,
-// where every count is 16 warps' population counts and one exchange. `guess`: the decode form's request guess (select_topk_kernel).
+// where every count is 16 warps' population counts and one exchange. `guess`: the decode form's request guess
+// (select_topk_kernel).
 // (The minimum of one CTA per SM lets ptxas give C = 32 more than 64 registers, where it spilled 8 bytes; at C = 64
 // the same hint made it spill 60 bytes at 128 registers, without it none.)
 template <int C, bool kOptions>
