@@ -34,13 +34,16 @@
 
 namespace msa::detail::cuda::decode {
 
-// The merge buffer's row stride in floats: 161 = 1 (mod 32) with 8 floats of padding per 32 dims, so that the
-// 32 lanes of a warp writing one (j, e) of their rows (dims 32t + 16e + j of rows g) hit 32 distinct banks.
-constexpr int kTokenFp8MergeStride = 161;
-static_assert(4 * kTokenRows * kTokenFp8MergeStride * 4 <= kTokenStagesFp8 * 2 * kTokenTileKeys * kTokenHeadDim,
+// The merge buffer: per warp 16 rows of 128 floats, the 16-byte chunk c of row r at chunk position
+// token_fp8_merge_chunk(r, c). Each thread writes 32 contiguous dims of two rows as 8 + 8 float4 and reads back, per
+// row, 4 float2 of every warp's rows. The swizzle spreads both over the banks: a write phase (rows 2p, 2p + 1; the
+// 4 threads of a row: chunks 8t + k) and a read phase (rows 0-3 or 4-7, one half-chunk per thread) each hit 8
+// distinct 16-byte bank groups.
+__device__ __forceinline__ int token_fp8_merge_chunk(int row, int c) {
+  return (c & ~7) | ((c & 7) ^ (c >> 3) ^ ((row & 1) << 2) ^ (row & 2));
+}
+static_assert(4 * kTokenRows * kTokenHeadDim * 4 <= kTokenStagesFp8 * 2 * kTokenTileKeys * kTokenHeadDim,
               "the warps' states fit the ring");
-
-__device__ __forceinline__ int token_fp8_merge_at(int row, int dim) { return row * kTokenFp8MergeStride + dim + 8 * (dim >> 5); }
 
 constexpr float kTokenFp8RescaleSlack = 8.f;  // log2 of P's bound
 
@@ -267,22 +270,34 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
     m_run[j] = m;
     l_run[j] = l;
   }
-  float* mine = merge_buf + warp * kTokenRows * kTokenFp8MergeStride;
+  constexpr int kWarpFloats = kTokenRows * kTokenHeadDim;
+  float* mine = merge_buf + warp * kWarpFloats;
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < 2; ++j) {  // row g + 8j: dims 32t + 16h + 4q + i are ow[4q + i][2j + h]
+    const int r = g + 8 * j;
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      mine[token_fp8_merge_at(g + 8 * (e >> 1), 16 * (2 * t + (e & 1)) + j)] = ow[j][e] * wt[e >> 1];
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int e = 2 * j + h;
+        *reinterpret_cast<float4*>(mine + r * kTokenHeadDim + 4 * token_fp8_merge_chunk(r, 8 * t + 4 * h + q)) =
+            make_float4(ow[4 * q][e] * wt[j], ow[4 * q + 1][e] * wt[j], ow[4 * q + 2][e] * wt[j], ow[4 * q + 3][e] * wt[j]);
+      }
+  }
   __syncthreads();
 #pragma unroll
   for (int n = 0; n < 4; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int at = token_fp8_merge_at(g + 8 * (e >> 1), warp * 32 + n * 8 + 2 * t + (e & 1));
-      float acc = 0.f;
+    for (int j = 0; j < 2; ++j) {  // dims 32w + 8n + 2t + {0, 1} of row g + 8j: half t % 2 of chunk 8w + 2n + t / 2
+      const int r = g + 8 * j;
+      const int at = r * kTokenHeadDim + 4 * token_fp8_merge_chunk(r, 8 * warp + 2 * n + (t >> 1)) + 2 * (t & 1);
+      float2 acc = make_float2(0.f, 0.f);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) acc += merge_buf[w * kTokenRows * kTokenFp8MergeStride + at];
-      o[n][e] = acc;
+      for (int w = 0; w < 4; ++w) {
+        const float2 v = *reinterpret_cast<const float2*>(merge_buf + w * kWarpFloats + at);
+        acc.x += v.x, acc.y += v.y;
+      }
+      o[n][2 * j] = acc.x, o[n][2 * j + 1] = acc.y;
     }
 }
 

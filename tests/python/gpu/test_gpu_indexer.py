@@ -358,14 +358,17 @@ def test_select_topk_row_lengths(rng, nb):
 @pytest.mark.parametrize("score_layout", ["HKT", "THK"])
 def test_select_topk_long_rows_ties(rng, nb, topk, force, score_layout):
     """A CTA per row (> 2048 blocks): ties at the threshold spread over the row's warps (the lowest-index equal
-    keys are taken across warps), forced blocks in the first and last warps, short and empty rows beside long."""
+    keys are taken across warps), forced blocks in the first and last warps, short and empty rows beside long; and
+    with prefixes (qo_offset): rows that end before kv_len, one of them mid-row (a CTA per row from 9000 blocks)."""
     kv_lens = [nb * 128, nb * 128 - 200, 3000, 300, 0]
     qo_lens = [2, 1, 1, 1, 0]
     qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
-    for ties in (True, False):
+    offsets = [nb * 128 - 200, (nb * 128 - 200) // 2 + 7, 1000, 0, 0]
+    for ties, qo_offset in ((True, None), (False, None), (True, offsets)):
         s = random_scores(rng, int(qo_indptr[-1]), 2, nb, ties=ties)
-        got = gpu_topk(s, qo_indptr, kv_lens, topk, score_layout=score_layout, index_layout="THK", force=force)
-        np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, topk, force=force))
+        got = gpu_topk(s, qo_indptr, kv_lens, topk, score_layout=score_layout, index_layout="THK", force=force,
+                       qo_offset=qo_offset)
+        np.testing.assert_array_equal(got, cpu_topk(s, qo_indptr, kv_lens, topk, force=force, qo_offset=qo_offset))
 
 
 # (qo_lens, kv_lens) of select_topk's forms: decode (<= 4 tokens per request), MTP, ragged with empty requests, prefill.
