@@ -37,8 +37,8 @@ namespace msa::detail::cuda::decode {
 // The merge buffer: per warp 16 rows of 128 floats, the 16-byte chunk c of row r at chunk position
 // token_fp8_merge_chunk(r, c). Each thread writes 32 contiguous dims of two rows as 8 + 8 float4 and reads back, per
 // row, 4 float2 of every warp's rows. The swizzle spreads both over the banks: a write phase (rows 2p, 2p + 1; the
-// 4 threads of a row: chunks 8t + k) and a read phase (rows 0-3 or 4-7, one half-chunk per thread) each hit 8
-// distinct 16-byte bank groups.
+// 4 threads of a row: chunks 8t + k) and a read phase (rows 0-3 or 4-7, one half-chunk per thread) each meet
+// every bank once.
 __device__ __forceinline__ int token_fp8_merge_chunk(int row, int c) {
   return (c & ~7) | ((c & 7) ^ (c >> 3) ^ ((row & 1) << 2) ^ (row & 2));
 }

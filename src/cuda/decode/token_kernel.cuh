@@ -1,5 +1,5 @@
-// The single-token sparse decode kernel, sm_90 only: the plan picks it from compute capability 9.0 on
-// (plan_token_kernel); the sm_80 build of this header has no push merge and is never launched. It sits
+// The single-token sparse decode kernel (plan_token_kernel picks it). Its split merges need clusters, so below
+// sm_90 code (no push merge compiled) it serves only the plans it runs unsplit. It sits
 // beside the general paged kernel (kernel.cuh, sm_80+) because it serves the same decode plans: one query
 // token per CTA (or cluster of splits), head dim 128, a GQA group of at most 16 heads (M3: 16), top-k <= 32
 // blocks, pages of a multiple of 64 tokens; one token per request, or MTP (up to kTokenMaxQoLen tokens per
