@@ -57,6 +57,10 @@ template <typename T>
 __device__ __forceinline__ void st_async(T* remote, const T (&v)[2], uint64_t* remote_bar) {
   ::cuda::ptx::st_async(remote, v, remote_bar);
 }
+template <typename T>
+__device__ __forceinline__ void st_async(T* remote, const T (&v)[4], uint64_t* remote_bar) {
+  ::cuda::ptx::st_async(remote, v, remote_bar);
+}
 
 // Waits for phase `parity` of an mbarrier of this CTA that other CTAs of the cluster complete (acquire
 // at cluster scope: their st.async data is visible after it).

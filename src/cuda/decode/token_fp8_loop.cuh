@@ -16,8 +16,10 @@
 //  * a row's softmax base moves only when a new maximum passes it by more than kTokenFp8RescaleSlack (2^8 in
 //    p, as FlashAttention-3 does): P then lies in [0, 2^8], exact enough in fp16, and the rescale of the 64
 //    accumulators per thread is skipped by the whole warp on most tiles.
-// After the last tile the four warps' states are merged once through shared memory into the 16-bit loop's
-// register layout (o[n] = dims 32w + 8n + 2t + {0, 1}), so the normalization and the split merges are shared.
+// After the last tile the four warps' weighted states meet in shared memory, where each thread sums and normalizes
+// 16 contiguous dims of one row (token_fp8_row_run) that it stores (unsplit) or sends to the row's owner (the push
+// merge). The pull merge reads them back into the 16-bit loop's register layout (o[n] = dims 32w + 8n + 2t + {0, 1},
+// token_fp8_merged_fragments) and shares its code with it.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -29,20 +31,22 @@
 #include "cuda/arch/memory.cuh"
 #include "cuda/arch/sm80.cuh"
 #include "cuda/decode/fp8_tile.cuh"
+#include "cuda/decode/merge_math.cuh"
 #include "cuda/decode/token_config.h"
 #include "cuda/decode/token_logits.cuh"
 
 namespace msa::detail::cuda::decode {
 
 // The merge buffer: per warp 16 rows of 128 floats, the 16-byte chunk c of row r at chunk position
-// token_fp8_merge_chunk(r, c). Each thread writes 32 contiguous dims of two rows as 8 + 8 float4 and reads back, per
-// row, 4 float2 of every warp's rows. The swizzle spreads both over the banks: a write phase (rows 2p, 2p + 1; the
-// 4 threads of a row: chunks 8t + k) and a read phase (rows 0-3 or 4-7, one half-chunk per thread) each meet
-// every bank once.
+// token_fp8_merge_chunk(r, c). Each thread writes 32 contiguous dims of two rows as 8 + 8 float4. The swizzle
+// spreads every phase over the banks: a write phase (rows 2p, 2p + 1; the 4 threads of a row: chunks 8t + k), a
+// read phase of the fragments (rows 0-3 or 4-7, one half-chunk per thread) and one of the output runs (one row,
+// chunks 4c + k of the 8 threads c) each meet every bank once.
 __device__ __forceinline__ int token_fp8_merge_chunk(int row, int c) {
   return (c & ~7) | ((c & 7) ^ (c >> 3) ^ ((row & 1) << 2) ^ (row & 2));
 }
-static_assert(4 * kTokenRows * kTokenHeadDim * 4 <= kTokenStagesFp8 * 2 * kTokenTileKeys * kTokenHeadDim,
+constexpr int kTokenFp8WarpFloats = kTokenRows * kTokenHeadDim;  // one warp's rows in the merge buffer
+static_assert(4 * kTokenFp8WarpFloats * 4 <= kTokenStagesFp8 * 2 * kTokenTileKeys * kTokenHeadDim,
               "the warps' states fit the ring");
 
 constexpr float kTokenFp8RescaleSlack = 8.f;  // log2 of P's bound
@@ -110,16 +114,31 @@ __device__ __forceinline__ void v_fragments_fp8_unchecked(uint32_t a0, uint32_t 
 #endif
 }
 
+// Row r's maximum m over the four warps' (red_max), its softmax base (0 while m is -inf) and its sum l of the
+// warps' sums (red_sum) rescaled to that base: the loop's merge and the row runs form them alike (the same bits).
+struct Fp8RowState {
+  float m, base, l;
+};
+__device__ __forceinline__ Fp8RowState token_fp8_row_state(const float* red_max, const float* red_sum, int r) {
+  Fp8RowState st{-INFINITY, 0.f, 0.f};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) st.m = fmaxf(st.m, red_max[w * 16 + r]);
+  st.base = st.m == -INFINITY ? 0.f : st.m;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) st.l = fmaf(arch::exp2_approx(red_max[w * 16 + r] - st.base), red_sum[w * 16 + r], st.l);
+  return st;
+}
+
 // The tile loop over the ring that `copy` fills: `stages` (the plan's: kTokenStagesFp8, kTokenStagesFp8AlonePerSm
 // or kTokenStagesFp8Shallow) of its stages of 64 K rows then 64 V rows, the first stages - 1 tiles already issued;
-// qa / logit_scale: Q's fragments in the permuted dim order and the rows' logit scales (exp2 domain). Leaves the
-// CTA's merged state in the 16-bit loop's layout: o (unnormalized, V in raw fp16 units), m_run, l_run of rows g and
-// g + 8. Ends with every warp past a CTA barrier and the ring free.
+// qa / logit_scale: Q's fragments in the permuted dim order and the rows' logit scales (exp2 domain). Leaves each
+// warp's o weighted to the CTA's maximum in merge_buf (in the ring's bytes; unnormalized, V in raw fp16 units),
+// every warp's maxima and sums in red_max / red_sum, and m_run, l_run of rows g and g + 8. Ends with every warp
+// past a CTA barrier.
 __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, const TokenTile* tiles, int n_tiles,
                                                     float* merge_buf, float* red_max, float* red_sum,
                                                     const uint32_t (&qa)[8][4], const float (&logit_scale)[2],
-                                                    float (&o)[4][4], float (&m_run)[2], float (&l_run)[2],
-                                                    int stages) {
+                                                    float (&m_run)[2], float (&l_run)[2], int stages) {
   constexpr uint32_t kRowBytes = kTokenHeadDim;  // one fp8 row
   constexpr uint32_t kStageBytes = 2 * kTokenTileKeys * kRowBytes;
   constexpr unsigned kFull = 0xffffffffu;
@@ -258,20 +277,12 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
   float wt[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const int r = g + 8 * j;
-    float m = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) m = fmaxf(m, red_max[w * 16 + r]);
-    const float base = m == -INFINITY ? 0.f : m;
-    float l = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) l = fmaf(arch::exp2_approx(red_max[w * 16 + r] - base), red_sum[w * 16 + r], l);
-    wt[j] = arch::exp2_approx(mw[j] - base);
-    m_run[j] = m;
-    l_run[j] = l;
+    const Fp8RowState st = token_fp8_row_state(red_max, red_sum, g + 8 * j);
+    wt[j] = arch::exp2_approx(mw[j] - st.base);
+    m_run[j] = st.m;
+    l_run[j] = st.l;
   }
-  constexpr int kWarpFloats = kTokenRows * kTokenHeadDim;
-  float* mine = merge_buf + warp * kWarpFloats;
+  float* mine = merge_buf + warp * kTokenFp8WarpFloats;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {  // row g + 8j: dims 32t + 16h + 4q + i are ow[4q + i][2j + h]
     const int r = g + 8 * j;
@@ -285,6 +296,12 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
       }
   }
   __syncthreads();
+}
+
+// The merged state in the 16-bit loop's register layout (a split's rows go on to the split merges).
+__device__ __forceinline__ void token_fp8_merged_fragments(const float* merge_buf, float (&o)[4][4]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int n = 0; n < 4; ++n)
 #pragma unroll
@@ -294,11 +311,45 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
       float2 acc = make_float2(0.f, 0.f);
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        const float2 v = *reinterpret_cast<const float2*>(merge_buf + w * kWarpFloats + at);
+        const float2 v = *reinterpret_cast<const float2*>(merge_buf + w * kTokenFp8WarpFloats + at);
         acc.x += v.x, acc.y += v.y;
       }
       o[n][2 * j] = acc.x, o[n][2 * j + 1] = acc.y;
     }
+}
+
+// Thread i's share of the CTA's output rows: dims 16c .. 16c + 15 (c = i % 8) of row r = i / 8, summed over the
+// four warps and normalized into v; returns the row's lse. A row whose sum is not positive (no key seen, or a NaN
+// met) gets v = o x 0 (a NaN of the cache stays in o, as in the fragment path), or with kZeroUnseen exact zeros
+// (what the push merge sends: its merge must not see a NaN of such a row). The row's maximum and sum are formed
+// again (token_fp8_row_state, as the loop formed m_run / l_run);
+// out_scale: V's dequantization and widening factors. An unsplit CTA stores v as two 16-byte runs, a split sends
+// it to the row's owner as four 16-byte st.async (token_kernel.cuh): against the fragment layout's 32 eight-byte
+// loads, 8 four-byte stores or 8 eight-byte sends per thread.
+template <bool kZeroUnseen>
+__device__ __forceinline__ float token_fp8_row_run(const float* merge_buf, const float* red_max, const float* red_sum,
+                                                   float out_scale, float (&v)[16]) {
+  const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
+  const Fp8RowState st = token_fp8_row_state(red_max, red_sum, r);
+  const float m = st.m, l = st.l;
+  const bool seen = l > 0.f;  // l >= 1 when seen: MUFU.RCP / MUFU.LG2 suffice (token_kernel.cuh)
+  const float inv = seen ? __fdividef(1.f, l) * out_scale : 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int at = r * kTokenHeadDim + 4 * token_fp8_merge_chunk(r, 4 * c + k);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float4 x = *reinterpret_cast<const float4*>(merge_buf + w * kTokenFp8WarpFloats + at);
+      acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+    }
+    const bool zero = kZeroUnseen && !seen;
+    v[4 * k] = zero ? 0.f : acc.x * inv;
+    v[4 * k + 1] = zero ? 0.f : acc.y * inv;
+    v[4 * k + 2] = zero ? 0.f : acc.z * inv;
+    v[4 * k + 3] = zero ? 0.f : acc.w * inv;
+  }
+  return seen ? (m + __log2f(l)) * kLn2 : -INFINITY;
 }
 
 }  // namespace msa::detail::cuda::decode

@@ -444,15 +444,18 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
       float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);
       float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);
+      // 16-bit: rows lane / 4 and lane / 4 + 8, dims 32 warp + 8n + 2 (lane % 4) + {0, 1}; fp8: row tid / 8, dims
+      // 16 (tid % 8) .. + 15 (token_fp8_row_run)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int r = (lane >> 2) + 8 * j;
+      for (int j = 0; j < (kF8 ? 1 : 2); ++j) {
+        const int r = kF8 ? tid >> 3 : (lane >> 2) + 8 * j;
         if (r >= G) continue;
         const int q = div_s(r);
         const unsigned owner = static_cast<unsigned>(r - q * CS);
         const int slot = cluster_rank * rows_per_split + q;
         send_bar[j] = static_cast<uint64_t*>(__cluster_map_shared_rank(merge_bar, owner));
-        send_o[j] = static_cast<float*>(__cluster_map_shared_rank(recv_o + slot * D, owner)) + warp * 32 + 2 * (lane & 3);
+        send_o[j] = static_cast<float*>(__cluster_map_shared_rank(recv_o + slot * D, owner)) +
+                    (kF8 ? 16 * (tid & 7) : warp * 32 + 2 * (lane & 3));
         send_lse[j] = static_cast<float*>(__cluster_map_shared_rank(recv_lse + slot, owner));
       }
     }
@@ -484,8 +487,28 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
 #pragma unroll
   for (int n = 0; n < 4; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   if constexpr (kF8) {
-    token_tile_loop_fp8(copy_fp8, tiles, n_tiles, reinterpret_cast<float*>(smem + kTokenSmemStages), red_max, red_sum,
-                        qa, logit_scale, o, m_run, l_run, kp.num_stages);
+    float* merge_buf = reinterpret_cast<float*>(smem + kTokenSmemStages);
+    token_tile_loop_fp8(copy_fp8, tiles, n_tiles, merge_buf, red_max, red_sum, qa, logit_scale, m_run, l_run,
+                        kp.num_stages);
+    if (S == 1) {  // o as two 16-byte runs per thread, summed straight from the merge buffer
+      MSA_TRACE_MARK(12, __float_as_uint(l_run[0]));
+      const int r = tid >> 3, c = tid & 7;
+      if (r < G) {
+        float v[16];
+        const float row_lse = token_fp8_row_run<false>(merge_buf, red_max, red_sum, p.v_scale * arch::e4m3_f16_unscale(), v);
+        const int64_t row = q0 * p.o_stride_token + (static_cast<int64_t>(g) * G + r) * p.o_stride_head;
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<T*>(p.o) + row + 16 * c);
+        dst[0] = make_uint4(arch::pack2<T>(v[0], v[1]), arch::pack2<T>(v[2], v[3]), arch::pack2<T>(v[4], v[5]),
+                            arch::pack2<T>(v[6], v[7]));
+        dst[1] = make_uint4(arch::pack2<T>(v[8], v[9]), arch::pack2<T>(v[10], v[11]), arch::pack2<T>(v[12], v[13]),
+                            arch::pack2<T>(v[14], v[15]));
+        if (p.lse && c == 0) p.lse[q0 * p.lse_stride_token + (static_cast<int64_t>(g) * G + r) * p.lse_stride_head] = row_lse;
+      }
+      MSA_TRACE_MARK(15, 0);
+      MSA_TRACE_END(S);
+      return;
+    }
+    if constexpr (!kPushMerge) token_fp8_merged_fragments(merge_buf, o);  // the push merge sends row runs
   } else {
     int stage = 0, issue_stage = kStages - 1;
     for (int x = 0; x < n_tiles; ++x) {
@@ -600,7 +623,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
   T* og = static_cast<T*>(p.o) + q0 * p.o_stride_token + static_cast<int64_t>(g) * G * p.o_stride_head;
   float* lseg = p.lse ? p.lse + q0 * p.lse_stride_token + static_cast<int64_t>(g) * G * p.lse_stride_head : nullptr;
-  if (S == 1) {
+  if (!kF8 && S == 1) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = row0 + 8 * j;
@@ -635,16 +658,28 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
     float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);      // [S][rows_per_split][D]
     float* merge_w = reinterpret_cast<float*>(smem + kTokenSmemMergeW);    // [owned][17]
+    if constexpr (kF8) {  // row tid / 8 as four 16-byte runs from the merge buffer
+      if ((tid >> 3) < G) {
+        float v[16];
+        const float row_lse = token_fp8_row_run<true>(reinterpret_cast<const float*>(smem + kTokenSmemStages), red_max,
+                                                red_sum, p.v_scale * arch::e4m3_f16_unscale(), v);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (row0 + 8 * j >= G) continue;
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        // A row that saw no key sends zeros (o * 0 would pass on a NaN the merge must not see).
-        const float v[2] = {l_run[j] > 0.f ? o[n][2 * j] * inv[j] : 0.f, l_run[j] > 0.f ? o[n][2 * j + 1] * inv[j] : 0.f};
-        arch::st_async(send_o[j] + n * 8, v, send_bar[j]);
+        for (int k = 0; k < 4; ++k)
+          arch::st_async(send_o[0] + 4 * k, reinterpret_cast<const float(&)[4]>(v[4 * k]), send_bar[0]);
+        if ((tid & 7) == 0) arch::st_async(send_lse[0], row_lse, send_bar[0]);
       }
-      if (warp == 0 && (lane & 3) == 0) arch::st_async(send_lse[j], lse[j], send_bar[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (row0 + 8 * j >= G) continue;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          // A row that saw no key sends zeros (o * 0 would pass on a NaN the merge must not see).
+          const float v[2] = {l_run[j] > 0.f ? o[n][2 * j] * inv[j] : 0.f, l_run[j] > 0.f ? o[n][2 * j + 1] * inv[j] : 0.f};
+          arch::st_async(send_o[j] + n * 8, v, send_bar[j]);
+        }
+        if (warp == 0 && (lane & 3) == 0) arch::st_async(send_lse[j], lse[j], send_bar[j]);
+      }
     }
     MSA_TRACE_MARK(13, 0);  // rows sent
     arch::mbarrier_wait_cluster(merge_bar, 0u);
