@@ -38,6 +38,17 @@ constexpr int kTokenStages = 3;
 constexpr int kTokenStagesFp8 = 6;
 constexpr int kTokenStagesFp8AlonePerSm = 5;
 constexpr int kTokenStagesFp8Shallow = 3;
+
+// The fp8 loop's merge buffer (token_fp8_loop.cuh): per warp 16 rows of 128 floats, the 16-byte chunk c of row r
+// at chunk position token_fp8_merge_chunk(r, c) of its row. Each thread writes 32 contiguous dims of two rows as
+// 8 + 8 float4; then either each thread reads 16 contiguous dims of one row of every warp (float4, the row runs) or,
+// per row, 4 float2 of every warp's rows (the register layout). The swizzle spreads every phase over the banks: a
+// float4 write phase (rows 2p, 2p + 1; the 4 threads of a row: chunks 8t + k), a float4 row-run phase (one row,
+// chunks 4c + k of the 8 threads c) and a float2 read phase (rows 0-3 or 4-7, one half-chunk per thread) each meet
+// every bank once (tests/cpp/test_token_layout.cpp).
+constexpr int token_fp8_merge_chunk(int row, int c) {
+  return (c & ~7) | ((c & 7) ^ (c >> 3) ^ ((row & 1) << 2) ^ (row & 2));
+}
 constexpr int kTokenFp8DeepWaves = 4;
 constexpr int kTokenFp8LongListBlocks = 8;
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0

@@ -38,13 +38,7 @@
 namespace msa::detail::cuda::decode {
 
 // The merge buffer: per warp 16 rows of 128 floats, the 16-byte chunk c of row r at chunk position
-// token_fp8_merge_chunk(r, c). Each thread writes 32 contiguous dims of two rows as 8 + 8 float4. The swizzle
-// spreads every phase over the banks: a write phase (rows 2p, 2p + 1; the 4 threads of a row: chunks 8t + k), a
-// read phase of the fragments (rows 0-3 or 4-7, one half-chunk per thread) and one of the output runs (one row,
-// chunks 4c + k of the 8 threads c) each meet every bank once.
-__device__ __forceinline__ int token_fp8_merge_chunk(int row, int c) {
-  return (c & ~7) | ((c & 7) ^ (c >> 3) ^ ((row & 1) << 2) ^ (row & 2));
-}
+// token_fp8_merge_chunk(r, c) (token_config.h, where its bank-conflict-free phases are listed).
 constexpr int kTokenFp8WarpFloats = kTokenRows * kTokenHeadDim;  // one warp's rows in the merge buffer
 static_assert(4 * kTokenFp8WarpFloats * 4 <= kTokenStagesFp8 * 2 * kTokenTileKeys * kTokenHeadDim,
               "the warps' states fit the ring");
