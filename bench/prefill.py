@@ -32,7 +32,9 @@ MSA_SM90_PREFILL; not with --quick), msa-dense (dense causal paged), cudnn-sdpa 
 dense causal on the same shapes; for a chunk after a prefix the causal mask is bottom-right aligned, and
 the row names the backend that accepted it), flex (FlexAttention with the block mask of the `shared`
 selection, own block causal). On a build without sm_90a code (MSA_CUDA_ARCH=80-virtual: the portable family,
-what an A100, L40S or RTX part runs) the msa rows are named msa-portable (modes through MSA_PORTABLE_PREFILL),
+what an A100, L40S or RTX part runs) the msa rows are named msa-portable (modes through MSA_PORTABLE_PREFILL;
+on a build with sm_90a code, MSA_PORTABLE_PREFILL=qmajor or kvmajor in the environment names them so too, with
+--modes qmajor and / or kvmajor: an auto row would run the Hopper kernels, and is refused),
 the dense peers include sdpa-flash (the flash backend: FlashAttention-2's kernels; vs_sdpa_flash = its time
 over the msa row's), and a run of record is prefill-portable. Effective TFLOP/s = 4 * D * (attended (query head, key) pairs) / time, the
 pairs counted exactly from the selections on the GPU. ratio = TFLOP/s over the 8192^3 bf16 matmul of the
@@ -62,6 +64,7 @@ import contextlib
 import faulthandler
 import inspect
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -600,6 +603,15 @@ def main():
     args.kv_fp8 = [k == "fp8" for k in ("bf16", "fp8") if k in kinds]
     args.monitor = GpuMonitor(enabled=not args.once)  # no sampler beside an ncu run
     args.impl = msa_impl_name()
+    if args.impl == "msa-portable" and "auto" in args.modes:
+        # MSA_PORTABLE_PREFILL=qmajor|kvmajor puts an sm_90a build's plans on the portable family, but every row sets
+        # the knob to its mode: an auto row would run the Hopper kernels under the msa-portable name.
+        forced = os.environ.get("MSA_PORTABLE_PREFILL")
+        with environment({"MSA_PORTABLE_PREFILL": "auto"}):
+            hopper = msa_impl_name() == "msa"
+        if hopper:
+            ap.error(f"--modes: got {','.join(args.modes)}; with MSA_PORTABLE_PREFILL={forced} on a build with sm_90a "
+                     "code only the forced modes run the portable family (pass --modes qmajor and / or kvmajor)")
     ceil = {"copy_gbps": None, "matmul_tflops": None} if args.once else ceilings()
     rows: list = []
     for shape in shapes:
