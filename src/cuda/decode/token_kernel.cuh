@@ -495,14 +495,16 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       const int r = tid >> 3, c = tid & 7;
       if (r < G) {
         float v[16];
-        const float row_lse = token_fp8_row_run<false>(merge_buf, red_max, red_sum, p.v_scale * arch::e4m3_f16_unscale(), v);
-        const int64_t row = q0 * p.o_stride_token + (static_cast<int64_t>(g) * G + r) * p.o_stride_head;
-        uint4* dst = reinterpret_cast<uint4*>(static_cast<T*>(p.o) + row + 16 * c);
+        const float row_lse =
+            token_fp8_row_run<false>(merge_buf, red_max, red_sum, p.v_scale * arch::e4m3_f16_unscale(), v);
+        const int64_t head = static_cast<int64_t>(g) * G + r;
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<T*>(p.o) + q0 * p.o_stride_token + head * p.o_stride_head +
+                                              16 * c);
         dst[0] = make_uint4(arch::pack2<T>(v[0], v[1]), arch::pack2<T>(v[2], v[3]), arch::pack2<T>(v[4], v[5]),
                             arch::pack2<T>(v[6], v[7]));
         dst[1] = make_uint4(arch::pack2<T>(v[8], v[9]), arch::pack2<T>(v[10], v[11]), arch::pack2<T>(v[12], v[13]),
                             arch::pack2<T>(v[14], v[15]));
-        if (p.lse && c == 0) p.lse[q0 * p.lse_stride_token + (static_cast<int64_t>(g) * G + r) * p.lse_stride_head] = row_lse;
+        if (p.lse && c == 0) p.lse[q0 * p.lse_stride_token + head * p.lse_stride_head] = row_lse;
       }
       MSA_TRACE_MARK(15, 0);
       MSA_TRACE_END(S);
@@ -661,8 +663,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     if constexpr (kF8) {  // row tid / 8 as four 16-byte runs from the merge buffer
       if ((tid >> 3) < G) {
         float v[16];
-        const float row_lse = token_fp8_row_run<true>(reinterpret_cast<const float*>(smem + kTokenSmemStages), red_max,
-                                                red_sum, p.v_scale * arch::e4m3_f16_unscale(), v);
+        const float row_lse = token_fp8_row_run<true>(reinterpret_cast<const float*>(smem + kTokenSmemStages),
+                                                      red_max, red_sum, p.v_scale * arch::e4m3_f16_unscale(), v);
 #pragma unroll
         for (int k = 0; k < 4; ++k)
           arch::st_async(send_o[0] + 4 * k, reinterpret_cast<const float(&)[4]>(v[4 * k]), send_bar[0]);
