@@ -38,6 +38,8 @@ constexpr int kTokenStages = 3;
 constexpr int kTokenStagesFp8 = 6;
 constexpr int kTokenStagesFp8AlonePerSm = 5;
 constexpr int kTokenStagesFp8Shallow = 3;
+constexpr int kTokenFp8DeepWaves = 4;
+constexpr int kTokenFp8LongListBlocks = 8;
 
 // The fp8 loop's merge buffer (token_fp8_loop.cuh): per warp 16 rows of 128 floats, the 16-byte chunk c of row r
 // at chunk position token_fp8_merge_chunk(r, c) of its row. Each thread writes 32 contiguous dims of two rows as
@@ -49,8 +51,7 @@ constexpr int kTokenStagesFp8Shallow = 3;
 constexpr int token_fp8_merge_chunk(int row, int c) {
   return (c & ~7) | ((c & 7) ^ (c >> 3) ^ ((row & 1) << 2) ^ (row & 2));
 }
-constexpr int kTokenFp8DeepWaves = 4;
-constexpr int kTokenFp8LongListBlocks = 8;
+
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
 // Dense plans of more than 16 splits: at most this many clusters (of 16, 8 or 4) per item, merged again through

@@ -325,9 +325,8 @@ __device__ __forceinline__ float token_fp8_row_run(const float* merge_buf, const
                                                    float out_scale, float (&v)[16]) {
   const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
   const Fp8RowState st = token_fp8_row_state(red_max, red_sum, r);
-  const float m = st.m, l = st.l;
-  const bool seen = l > 0.f;  // l >= 1 when seen: MUFU.RCP / MUFU.LG2 suffice (token_kernel.cuh)
-  const float inv = seen ? __fdividef(1.f, l) * out_scale : 0.f;
+  const bool seen = st.l > 0.f;
+  const float inv = row_out_scale(st.l, out_scale);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int at = r * kTokenHeadDim + 4 * token_fp8_merge_chunk(r, 4 * c + k);
@@ -343,7 +342,7 @@ __device__ __forceinline__ float token_fp8_row_run(const float* merge_buf, const
     v[4 * k + 2] = zero ? 0.f : acc.z * inv;
     v[4 * k + 3] = zero ? 0.f : acc.w * inv;
   }
-  return seen ? (m + __log2f(l)) * kLn2 : -INFINITY;
+  return row_lse(st.m, st.l);
 }
 
 }  // namespace msa::detail::cuda::decode

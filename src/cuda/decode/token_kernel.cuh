@@ -616,12 +616,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   float inv[2], lse[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const bool seen = l_run[j] > 0.f;
-    // l >= 1 when seen (the running max's key adds exp2(0) = 1), so MUFU.RCP / MUFU.LG2 are within 2 ulp
-    // and the IEEE paths' range checks and slow-path calls are left out.
     // V's dequantization scale too, and (fp8) the raw widening's factor (fp8.cuh)
-    inv[j] = seen ? __fdividef(1.f, l_run[j]) * (kF8 ? p.v_scale * arch::e4m3_f16_unscale() : p.v_scale) : 0.f;
-    lse[j] = seen ? (m_run[j] + __log2f(l_run[j])) * kLn2 : -INFINITY;
+    inv[j] = row_out_scale(l_run[j], kF8 ? p.v_scale * arch::e4m3_f16_unscale() : p.v_scale);
+    lse[j] = row_lse(m_run[j], l_run[j]);
   }
   T* og = static_cast<T*>(p.o) + q0 * p.o_stride_token + static_cast<int64_t>(g) * G * p.o_stride_head;
   float* lseg = p.lse ? p.lse + q0 * p.lse_stride_token + static_cast<int64_t>(g) * G * p.lse_stride_head : nullptr;
