@@ -43,6 +43,14 @@ constexpr Knob kTable[] = {
      "stages where two of those do (A100, head dim 128), else 8 warps of 16 rows (sm_86, sm_89, sm_120); keys32 "
      "the 32-key stages (head dim 128), warps8 the 8 warps, on every device.",
      "Tests run the tiles that the A100, L40S and RTX parts run on the H200."},
+    {"MSA_SM90_FP8_QMAJOR",
+     {"auto", "tiles"},
+     "How the Hopper prefill's query-major tiles meet an fp8 K/V cache: auto widens each block they read once "
+     "per run into the plan's 16-bit copy of the cache's blocks (sparse plans whose copy fits its 512 MiB "
+     "budget) and runs the 16-bit kernel on it; tiles widens each fp8 tile in shared memory in the kernel, "
+     "what dense plans and plans beyond the budget run.",
+     "Tests check the in-kernel widening on problems small enough for the float64 reference, which otherwise "
+     "take the copy; benchmarks compare the two in one process."},
     {"MSA_SM90_KV_WINDOW_TILES",
      {nullptr, nullptr, nullptr},
      "The most tiles of a KV-major window, of the Hopper prefill and of the portable one (unset: as many as "
@@ -107,11 +115,12 @@ constexpr int kPrefill = find("MSA_SM90_PREFILL");
 constexpr int kPortable = find("MSA_PORTABLE_PREFILL");
 constexpr int kPortableStages = find("MSA_PORTABLE_KV_STAGES");
 constexpr int kWindowTiles = find("MSA_SM90_KV_WINDOW_TILES");
+constexpr int kFp8QMajor = find("MSA_SM90_FP8_QMAJOR");
 constexpr int kTileShape = find("MSA_PAGED_TILE_SHAPE");
 constexpr int kTokenKernel = find("MSA_PAGED_TOKEN_KERNEL");
 constexpr int kIndexerPrefill = find("MSA_INDEXER_PREFILL");
 constexpr int kIndexerDecode = find("MSA_INDEXER_DECODE");
-static_assert(kPrefill >= 0 && kPortable >= 0 && kPortableStages >= 0 && kWindowTiles >= 0 && kTileShape >= 0 && kTokenKernel >= 0 && kIndexerPrefill >= 0 && kIndexerDecode >= 0,
+static_assert(kPrefill >= 0 && kPortable >= 0 && kPortableStages >= 0 && kWindowTiles >= 0 && kFp8QMajor >= 0 && kTileShape >= 0 && kTokenKernel >= 0 && kIndexerPrefill >= 0 && kIndexerDecode >= 0,
               "every accessor's variable is in the table");
 
 }  // namespace
@@ -133,6 +142,8 @@ PagedTileShape paged_tile_shape(const char* fn) {
 }
 
 int64_t kv_window_tiles(const char* fn) { return read(kWindowTiles, fn); }
+
+bool fp8_qmajor_tiles(const char* fn) { return read(kFp8QMajor, fn) == 1; }
 
 bool token_decode_kernel(const char* fn) { return read(kTokenKernel, fn) == 0; }
 

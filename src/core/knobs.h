@@ -42,6 +42,9 @@ PagedTileShape paged_tile_shape(const char* fn);
 // MSA_SM90_KV_WINDOW_TILES: the most tiles of a KV-major window; 0 when unset (no cap).
 int64_t kv_window_tiles(const char* fn);
 
+// MSA_SM90_FP8_QMAJOR=tiles: the Hopper query-major kernel widens each fp8 tile itself, with no 16-bit copy.
+bool fp8_qmajor_tiles(const char* fn);
+
 // MSA_PAGED_TOKEN_KERNEL: false with 0 (the general paged kernel serves every decode plan).
 bool token_decode_kernel(const char* fn);
 

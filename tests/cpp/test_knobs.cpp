@@ -60,11 +60,12 @@ TEST(Knobs, DefaultsWhenUnsetOrEmpty) {
   for (const char* v : {static_cast<const char*>(nullptr), ""}) {
     ScopedEnv a("MSA_SM90_PREFILL", v), b("MSA_SM90_KV_WINDOW_TILES", v), c("MSA_PAGED_TOKEN_KERNEL", v),
         d("MSA_INDEXER_PREFILL", v), e("MSA_INDEXER_DECODE", v), f("MSA_PORTABLE_KV_STAGES", v),
-        g("MSA_PAGED_TILE_SHAPE", v);
+        g("MSA_PAGED_TILE_SHAPE", v), h("MSA_SM90_FP8_QMAJOR", v);
     EXPECT_EQ(knobs::prefill_decomposition("f"), knobs::PrefillDecomposition::kAuto);
     EXPECT_FALSE(knobs::portable_one_kv_stage("f"));
     EXPECT_EQ(knobs::paged_tile_shape("f"), knobs::PagedTileShape::kAuto);
     EXPECT_EQ(knobs::kv_window_tiles("f"), 0);
+    EXPECT_FALSE(knobs::fp8_qmajor_tiles("f"));
     EXPECT_TRUE(knobs::token_decode_kernel("f"));
     EXPECT_FALSE(knobs::indexer_portable_prefill("f"));
     EXPECT_FALSE(knobs::indexer_stream_decode("f"));
@@ -105,6 +106,14 @@ TEST(Knobs, AcceptedValues) {
     EXPECT_EQ(knobs::kv_window_tiles("f"), 24);
   }
   {
+    ScopedEnv e("MSA_SM90_FP8_QMAJOR", "tiles");
+    EXPECT_TRUE(knobs::fp8_qmajor_tiles("f"));
+  }
+  {
+    ScopedEnv e("MSA_SM90_FP8_QMAJOR", "auto");
+    EXPECT_FALSE(knobs::fp8_qmajor_tiles("f"));
+  }
+  {
     ScopedEnv e("MSA_PAGED_TOKEN_KERNEL", "0");
     EXPECT_FALSE(knobs::token_decode_kernel("f"));
   }
@@ -136,6 +145,11 @@ TEST(Knobs, RefusesBadValues) {
     EXPECT_EQ(value_error([] { knobs::kv_window_tiles("msa.plan_prefill"); }),
               std::string("msa.plan_prefill: environment variable MSA_SM90_KV_WINDOW_TILES: expected an integer > 0, "
                           "got '") + bad + "'");
+  }
+  {
+    ScopedEnv e("MSA_SM90_FP8_QMAJOR", "kernel");
+    EXPECT_EQ(value_error([] { knobs::fp8_qmajor_tiles("msa.plan_prefill"); }),
+              "msa.plan_prefill: environment variable MSA_SM90_FP8_QMAJOR: expected auto or tiles, got 'kernel'");
   }
   {
     ScopedEnv e("MSA_PAGED_TOKEN_KERNEL", "off");

@@ -110,5 +110,9 @@ inline constexpr int kKeyStripesWideKeys = 512;
 // Partial outputs of one window (bf16: 256 B per (token, slot, head)); windows of canonical tiles
 // are sized to fit: 2 GiB = 4096 tiles of 8 tokens x 16 heads x top-16.
 inline constexpr long long kKvPartialBudgetBytes = 2ll << 30;
+// The 16-bit copy of an fp8 cache's blocks for the query-major tiles (fp8_copy.h): K and V of every block of
+// the plan's requests, 64 KiB per (block, KV head); a plan that needs more widens in the kernel instead.
+// 512 MiB: M3-TP1 up to 262144 tokens of context (P-32K: 64 MiB).
+inline constexpr long long kFp8CopyBudgetBytes = 512ll << 20;
 
 }  // namespace msa::detail::cuda::prefill_sm90

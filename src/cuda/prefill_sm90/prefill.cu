@@ -23,6 +23,7 @@
 #include "core/knobs.h"
 #include "cuda/runtime/check.cuh"
 #include "cuda/prefill_sm90/config.h"
+#include "cuda/prefill_sm90/fp8_copy.h"
 #include "cuda/prefill_sm90/kvmajor_lists.h"
 #include "cuda/prefill_sm90/launch.h"
 #include "cuda/prefill_sm90/prefill_state.h"
@@ -74,6 +75,46 @@ void plan_kv_major(PrefillState& s, int64_t total_blocks) {
   const uint32_t box[2] = {kHalfDim, static_cast<uint32_t>(std::min(group, 16))};
   encode_tensor_map(&s.part_map_bf16, ScalarType::kBF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
   encode_tensor_map(&s.part_map_f16, ScalarType::kF16, 2, s.part_o.get(), dims, strides, box, "partial-output");
+}
+
+// The 16-bit copy of an fp8 cache's blocks for the query-major tiles (fp8_copy.h) and its TMA maps, K and V
+// for bf16 and fp16 q (the plan does not know q's dtype), as a cache [pages, Hkv, 128, D]; none when the copy
+// exceeds its budget.
+void plan_fp8_copy(PrefillState& s, int64_t pages) {
+  const int64_t hkv = s.num_kv_heads;
+  const int64_t plane = pages * hkv * kBlockKeys * kHeadDim * 2;  // bytes of K (and of V)
+  if (pages <= 0 || 2 * plane > kFp8CopyBudgetBytes) return;
+  s.copy_pages = static_cast<int32_t>(pages);
+  s.fp8_copy = DeviceBuffer(static_cast<size_t>(2 * plane));
+  s.copy_flags = DeviceBuffer(static_cast<size_t>(pages * hkv));
+  s.copy_indptr = DeviceBuffer((static_cast<size_t>(s.batch_size) + 1) * sizeof(int32_t));
+  s.copy_table = DeviceBuffer(static_cast<size_t>(pages) * sizeof(int32_t));
+  const uint64_t dims[4] = {kHeadDim, kBlockKeys, static_cast<uint64_t>(hkv), static_cast<uint64_t>(pages)};
+  const uint64_t strides[3] = {kHeadDim * 2, kBlockKeys * kHeadDim * 2,
+                               static_cast<uint64_t>(hkv) * kBlockKeys * kHeadDim * 2};
+  const uint32_t box[4] = {kHalfDim, kBlockKeys, 1, 1};
+  const char* k = static_cast<const char*>(s.fp8_copy.get());
+  encode_tensor_map(&s.copy_k_map_bf16, ScalarType::kBF16, 4, k, dims, strides, box, "fp8-copy");
+  encode_tensor_map(&s.copy_v_map_bf16, ScalarType::kBF16, 4, k + plane, dims, strides, box, "fp8-copy");
+  encode_tensor_map(&s.copy_k_map_f16, ScalarType::kF16, 4, k, dims, strides, box, "fp8-copy");
+  encode_tensor_map(&s.copy_v_map_f16, ScalarType::kF16, 4, k + plane, dims, strides, box, "fp8-copy");
+}
+
+Fp8CopyParams fp8_copy_params(const PrefillState& s, const AttentionParams& p) {
+  Fp8CopyParams cp;
+  cp.seqs = p.seqs;
+  cp.blk_cum = ptr<int32_t>(s.blk_cum);
+  cp.pages = p.pages;
+  cp.k = p.k;
+  cp.v = p.v;
+  cp.page_blocks = s.page_blocks;
+  cp.num_kv_heads = s.num_kv_heads;
+  cp.copy_pages = s.copy_pages;
+  cp.flags = ptr<uint8_t>(s.copy_flags);
+  cp.copy_indptr = ptr<int32_t>(s.copy_indptr);
+  cp.copy_table = ptr<int32_t>(s.copy_table);
+  cp.copy = s.fp8_copy.get();
+  return cp;
 }
 
 // Maps of q [total_q, Hq, D] (box: 64 dims x G heads x `tokens` tokens) and of a cache
@@ -148,6 +189,7 @@ std::string describe(const PrefillState& s) {
   if (s.rule != KvMajorRule::kNever)
     out += " windows=" + std::to_string(s.num_windows) + " window_tiles=" + std::to_string(s.window_tiles) +
            " key_stripes=" + std::to_string(s.key_stripes) + " concurrent";
+  if (s.topk > 0) out += std::string(" fp8_qmajor=") + (s.copy_pages > 0 ? "copy" : "tiles");
   return out;
 }
 
@@ -199,6 +241,11 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
     s->list_count = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
     s->kv_major = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
     if (s->rule != KvMajorRule::kNever && s->num_tiles > 0) plan_kv_major(*s, blocks);
+    // The query-major tiles' 16-bit copy of an fp8 cache (a plan serves both caches, so every sparse plan
+    // with query-major tiles holds it; KV-major tiles read the fp8 pool).
+    if (s->f8_ready && s->rule != KvMajorRule::kAlways && s->num_tiles > 0 &&
+        !knobs::fp8_qmajor_tiles("msa.plan_prefill"))
+      plan_fp8_copy(*s, blocks / c.num_kv_heads);
   }
   if (s->rule == KvMajorRule::kNever) s->num_windows = 0;
   if (s->rule != KvMajorRule::kNever) s->fork = StreamFork(/*high_priority=*/true);
@@ -239,6 +286,16 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   const bool bf16 = p.dtype == ScalarType::kBF16;
   const bool f8 = p.kv_dtype == ScalarType::kF8E4M3;
   const int32_t group = 1 << s.group_shift;
+  // fp8 K/V with the copy: its flags start at 0 (the widen kernel clears them as it takes them), zeroed by the
+  // plan's first eager run before the schedule kernel (a plain launch: no PDL edge is lost). Not at every run: a
+  // memset node ahead of the schedule kernel delayed it by 12-16 us in graph replay (M3-TP1 / TP4 P-chunk).
+  const bool copy = f8 && sparse && s.copy_pages > 0;
+  if (copy && !s.copy_flags_zeroed.load(std::memory_order_acquire)) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MSA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    MSA_CUDA_CHECK(cudaMemsetAsync(s.copy_flags.get(), 0, s.copy_flags.bytes(), stream));
+    if (capture == cudaStreamCaptureStatusNone) s.copy_flags_zeroed.store(true, std::memory_order_release);
+  }
 
   launch_tile_schedule(p.seqs, s.tile_tokens, s.num_kv_heads, ptr<int32_t>(s.tile_cum), ptr<int32_t>(s.blk_cum),
                        ptr<int32_t>(s.counters), 2 + 2 * s.num_windows, stream);
@@ -269,6 +326,11 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
       lp.qm_tiles = ptr<int32_t>(s.qm_tiles);
       lp.qm_count = ptr<int32_t>(s.counters) + 1 + 2 * s.num_windows;
     }
+    if (copy) {
+      lp.copy_flags = ptr<uint8_t>(s.copy_flags);
+      lp.blk_cum = ptr<int32_t>(s.blk_cum);
+      lp.copy_pages = s.copy_pages;
+    }
     launch_tile_lists(lp, true, stream);
     qp.lists.entries = lp.entries;
     qp.lists.count = lp.count;
@@ -287,7 +349,16 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   if (kv_path) s.fork.fork(stream);
   const int grid = std::min(s.sm_count, s.num_tiles);
   try {
-    if (f8)
+    if (copy) {  // the flagged blocks widened, then the 16-bit kernel on the copy (pages by the copy's flat table)
+      const Fp8CopyParams cp = fp8_copy_params(s, p);
+      launch_fp8_copy_widen(cp, bf16, s.sm_count, stream);
+      QMajorParams wq = qp;
+      wq.k_map = bf16 ? s.copy_k_map_bf16 : s.copy_k_map_f16;
+      wq.v_map = bf16 ? s.copy_v_map_bf16 : s.copy_v_map_f16;
+      wq.pages = PageTableParams{cp.copy_table, cp.copy_indptr, 0, s.copy_pages, s.copy_pages};
+      wq.page_blocks = 1;
+      bf16 ? launch_qmajor<true>(sparse, wq, grid, true, stream) : launch_qmajor<false>(sparse, wq, grid, true, stream);
+    } else if (f8)
       bf16 ? launch_qmajor<true, true>(sparse, qp, grid, true, stream)
            : launch_qmajor<false, true>(sparse, qp, grid, true, stream);
     else

@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/runtime/device_buffer.cuh"
@@ -24,6 +25,15 @@ struct PrefillState : KvListState {
   // The TMA map of part_o for bf16 and fp16 q, encoded at plan time: part_o is the plan's, so a run need not
   // encode it (~1-2 us of host time a map on the H200 machine, bench/run_host.py).
   CUtensorMap part_map_bf16{}, part_map_f16{};
+  // fp8 K/V: the 16-bit copy of the blocks the query-major tiles read (fp8_copy.h), for sparse plans with
+  // query-major tiles whose copy fits kFp8CopyBudgetBytes; copy_pages 0: none (the kernel widens its tiles).
+  int32_t copy_pages = 0;
+  DeviceBuffer fp8_copy;     // K [copy_pages, Hkv, 128, 128], then V, in q's dtype
+  DeviceBuffer copy_flags;   // [copy_pages * Hkv] bytes, cleared by the widen kernel as it takes them
+  mutable std::atomic<bool> copy_flags_zeroed{false};  // by the first eager run (a captured run records it)
+  DeviceBuffer copy_indptr;  // [B + 1]
+  DeviceBuffer copy_table;   // [copy_pages]
+  CUtensorMap copy_k_map_bf16{}, copy_v_map_bf16{}, copy_k_map_f16{}, copy_v_map_f16{};
   // The KV-major launches on a side stream beside the query-major kernel (both read the tile lists and
   // write disjoint rows of o / lse); empty when the plan has no KV-major path.
   StreamFork fork;

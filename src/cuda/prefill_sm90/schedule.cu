@@ -59,12 +59,23 @@ __global__ void __launch_bounds__(kScheduleThreads) tile_schedule_kernel(SeqPara
 // kernel claims from that list instead of walking every tile's flag: at M3-TP1 P-chunk `random`, where
 // every tile goes KV-major, its 132 CTAs spent ~10 us in 15 dependent claim-and-flag trips each while
 // holding the SMs the KV-major launches were waiting for).
-__device__ __forceinline__ void finish_tile(const TileListParams& p, int32_t tile, int32_t reps, int32_t selections) {
-  p.count[tile] = reps;
+__device__ __forceinline__ bool goes_kv_major(const TileListParams& p, int32_t reps, int32_t selections) {
   // reps block-steps of query-major against selections / tile_tokens useful ones.
   const bool wide =
       4 * static_cast<int64_t>(reps) * p.sched.tile_tokens > static_cast<int64_t>(p.union_ratio_x4) * selections;
-  const bool kv = p.rule == KvMajorRule::kAlways || (p.rule == KvMajorRule::kWideUnion && wide);
+  return p.rule == KvMajorRule::kAlways || (p.rule == KvMajorRule::kWideUnion && wide);
+}
+
+// The fp8 copy's flag of block `block` of the tile's request and KV head (fp8_copy.h).
+__device__ __forceinline__ void flag_copy_block(const TileListParams& p, const TileCoord& c, int32_t block) {
+  const int32_t hkv = p.sched.num_kv_heads;
+  const int64_t page = static_cast<int64_t>(p.blk_cum[c.request] / hkv) + block;
+  if (page < p.copy_pages) p.copy_flags[page * hkv + c.kv_head] = 1;
+}
+
+__device__ __forceinline__ void finish_tile(const TileListParams& p, int32_t tile, int32_t reps, int32_t selections) {
+  p.count[tile] = reps;
+  const bool kv = goes_kv_major(p, reps, selections);
   p.kv_major[tile] = kv;
   if (kv && p.window_kv_tiles != nullptr) atomicAdd(p.window_kv_tiles + tile / p.window_tiles, 1);
   if (!kv && p.qm_tiles != nullptr) p.qm_tiles[atomicAdd(p.qm_count, 1)] = tile;
@@ -128,6 +139,9 @@ __global__ void __launch_bounds__(kListThreads) tile_lists_kernel(TileListParams
   if (mine) atomicAdd(&reps, mine);
   __syncthreads();
   if (threadIdx.x == 0) finish_tile(p, tile, reps, selections);
+  if (p.copy_flags != nullptr && !goes_kv_major(p, reps, selections))
+    for (int x = threadIdx.x; x < cap; x += blockDim.x)
+      if (is_rep[x]) flag_copy_block(p, c, keys[x]);
 }
 
 // The same lists, one warp per tile: each lane holds kItems (block << 5 | token) keys, the warp
@@ -254,6 +268,11 @@ __global__ void __launch_bounds__(kListWarps * 32) tile_lists_warp_kernel(TileLi
   }
   selections = __reduce_add_sync(~0u, selections);
   if (lane == 0) finish_tile(p, tile, reps, selections);
+  if (p.copy_flags != nullptr && !goes_kv_major(p, reps, selections)) {
+#pragma unroll
+    for (int i = 0; i < kItems; ++i)
+      if (((starts >> i) & 1u) && key[i] != kInvalid) flag_copy_block(p, c, static_cast<int32_t>(key[i] >> 5));
+  }
 }
 
 }  // namespace

@@ -41,11 +41,16 @@ struct TileListParams {
   int32_t window_tiles = 1;            // tiles per KV-major window
   int32_t* qm_tiles = nullptr;         // [sched.num_tiles]: query-major tiles appended here; null: not listed
   int32_t* qm_count = nullptr;         // their count (zeroed by the schedule kernel)
+  // fp8 K/V with the plan's 16-bit copy of the blocks (fp8_copy.h): every query-major tile sets the flag of
+  // (copy page, KV head) of each block of its union; null: no copy this run.
+  uint8_t* copy_flags = nullptr;       // [copy_pages * Hkv]
+  const int32_t* blk_cum = nullptr;    // [B + 1]: the schedule kernel's
+  int32_t copy_pages = 0;
 };
 
 // For every tile: the sorted union of its tokens' valid selections (contributing_block) with the
 // bitmask of tokens that chose each block (duplicates inside a row fold into one entry), the tile's
-// path, and the count of KV-major tiles per window. A warp per tile (a sort in registers) up to
+// path, the count of KV-major tiles per window, and (copy_flags) the fp8 copy's flags of query-major tiles. A warp per tile (a sort in registers) up to
 // kListWarpMaxEntries entries per tile, a CTA per tile above.
 // pdl: launched with programmatic dependent launch (right after the schedule kernel).
 void launch_tile_lists(const TileListParams& p, bool pdl, cudaStream_t stream);

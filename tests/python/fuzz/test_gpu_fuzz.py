@@ -172,6 +172,10 @@ def draw_case(seed: int, backend: str = "gpu") -> dict:
     if backend == "gpu":
         same_dims = case["problem"]["head_dim_v"] is None
         case["kv_fp8"] = pick(r, [None, "separate", "interleaved" if same_dims else "separate"], [0.7, 0.15, 0.15])
+        # The Hopper prefill's query-major tiles on fp8 K/V: the plan's 16-bit copy of the blocks, or the
+        # in-kernel widening (drawn after the cache, so that the draws above stay what they were).
+        if case["kv_fp8"] and not decode and r.random() < 0.3:
+            case["env"] = {**case["env"], "MSA_SM90_FP8_QMAJOR": "tiles"}
     return case
 
 

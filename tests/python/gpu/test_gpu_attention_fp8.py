@@ -358,7 +358,10 @@ def test_cli_demo_runs_fp8_on_cuda():
 # ---- the Hopper prefill kernels on fp8 K/V (query-major and KV-major; the portable kernel elsewhere) ----------
 
 def plan_sm90(prob, monkeypatch, mode, window_tiles=None):
-    monkeypatch.setenv("MSA_SM90_PREFILL", mode)
+    """mode: MSA_SM90_PREFILL's, or qmajor-tiles: every tile query-major, each fp8 tile widened in the kernel
+    (MSA_SM90_FP8_QMAJOR=tiles) instead of the plan's 16-bit copy of the blocks."""
+    monkeypatch.setenv("MSA_SM90_PREFILL", mode.removesuffix("-tiles"))
+    monkeypatch.setenv("MSA_SM90_FP8_QMAJOR", "tiles" if mode.endswith("-tiles") else "auto")
     if window_tiles:
         monkeypatch.setenv("MSA_SM90_KV_WINDOW_TILES", str(window_tiles))
     else:
@@ -375,7 +378,7 @@ def check_prefill_fp8(plan, prob, dtype, interleaved, v_scale=V_SCALE):
     mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
 
 
-@pytest.mark.parametrize("mode", ["auto", "qmajor", "kvmajor"])
+@pytest.mark.parametrize("mode", ["auto", "qmajor", "qmajor-tiles", "kvmajor"])
 @pytest.mark.parametrize("pattern", ["random", "clustered", "shared", None])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -390,7 +393,7 @@ def test_sm90_prefill_kvmajor_windows(rng, monkeypatch):
     check_prefill_fp8(plan_sm90(prob, monkeypatch, "kvmajor", window_tiles=8), prob, "bf16", True)
 
 
-@pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
+@pytest.mark.parametrize("mode", ["qmajor", "qmajor-tiles", "kvmajor"])
 def test_sm90_prefill_tiles_without_blocks_between_others(rng, monkeypatch, mode):
     """Requests with kv_len 0 (non-causal: nothing to see) and rows whose selections are all -1 between requests
     that have blocks: the producer's hand-over order across tiles with no block."""
@@ -399,7 +402,7 @@ def test_sm90_prefill_tiles_without_blocks_between_others(rng, monkeypatch, mode
     check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, "bf16", False)
 
 
-@pytest.mark.parametrize("mode", ["qmajor", "kvmajor"])
+@pytest.mark.parametrize("mode", ["qmajor", "qmajor-tiles", "kvmajor"])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_sm90_prefill_v_scale_leaves_lse(rng, monkeypatch, mode, fp8):
     """v_scale scales o and not lse, bf16 and fp8 caches, both decompositions."""
@@ -416,8 +419,47 @@ def test_sm90_prefill_v_scale_leaves_lse(rng, monkeypatch, mode, fp8):
     mt.assert_close(o2.float().cpu().numpy() / 3.0, o1.float().cpu().numpy())
 
 
+def test_sm90_prefill_fp8_copy_in_describe(rng, monkeypatch):
+    """A sparse plan with query-major tiles holds the 16-bit copy of the fp8 blocks they read; tiles (or a forced
+    KV-major plan, which has no query-major tile) widens in the kernel instead."""
+    if mt.kernel_capability() != (9, 0):
+        pytest.skip("the sm_90 prefill kernels")
+    prob = problem(rng, [300], [700], "shared", heads=(64, 4), topk=16, page_size=128)
+    assert plan_sm90(prob, monkeypatch, "auto").describe()["fp8_qmajor"] == "copy"
+    assert plan_sm90(prob, monkeypatch, "qmajor").describe()["fp8_qmajor"] == "copy"
+    assert plan_sm90(prob, monkeypatch, "qmajor-tiles").describe()["fp8_qmajor"] == "tiles"
+    assert plan_sm90(prob, monkeypatch, "kvmajor").describe()["fp8_qmajor"] == "tiles"
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_sm90_prefill_fp8_copy_keeps_bad_pages_invisible(rng, monkeypatch, flat):
+    """Page ids outside the pool are invisible keys on both query-major fp8 paths: the copy marks them invalid in
+    its own table instead of widening them, so the two paths agree, with no NaN."""
+    if mt.kernel_capability() != (9, 0):
+        pytest.skip("the sm_90 prefill kernels")
+    prob = problem(rng, [200, 129], [900, 1000], "shared", heads=(64, 4), topk=16, page_size=128, flat_pages=flat)
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    k8, v8, _, _ = fp8_tensors(prob, True)
+    table = t["page_table"]
+    if flat:
+        table[1] = 10**9
+        table[int(t["page_indptr"][1]) + 2] = -3
+    else:
+        table[0, 1] = 10**9
+        table[1, 2] = -3
+    outs = []
+    for mode in ("qmajor", "qmajor-tiles"):
+        out, lse = call(plan_sm90(prob, monkeypatch, mode), prob, t, k8, v8, q_scale=Q_SCALE, k_scale=K_SCALE,
+                        v_scale=V_SCALE)
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+        outs.append((out.float().cpu().numpy(), lse.cpu().numpy()))
+    mt.assert_close(outs[0][0], outs[1][0])
+    mt.assert_lse_close(outs[0][1], outs[1][1])
+
+
 # ---- bf16 q on the query-major kernel's fp16 products: each Q row scaled by 2^e into fp16 -------------------------
 # (docs/prefill.md, "fp8 K/V": amax x 2^e in [2^14, 2^15), the row's logits times 2^-e; a row of zeros keeps e = 0).
+# That is the in-kernel widening (qmajor-tiles); the copy of the blocks runs q's own products, as a 16-bit cache does.
 # The KV-major kernel runs bf16 products on fp8 K/V; it takes the cases that stay inside fp32 on that path.
 
 def q_rows_problem(rng, pattern, dtype, case):
@@ -450,7 +492,8 @@ def q_rows_problem(rng, pattern, dtype, case):
     return prob
 
 
-Q_ROW_PATHS = [("qmajor", "shared"), ("qmajor", "clustered"), ("qmajor", None), ("kvmajor", "random")]
+Q_ROW_PATHS = [("qmajor-tiles", "shared"), ("qmajor-tiles", "clustered"), ("qmajor-tiles", None), ("qmajor", "shared"),
+               ("kvmajor", "random")]
 
 
 @pytest.mark.parametrize("case", ["range", "zeros"])
@@ -460,7 +503,7 @@ def test_sm90_prefill_q_row_scales(rng, monkeypatch, case, mode, pattern, dtype)
     check_q_row_scales(rng, monkeypatch, case, mode, pattern, dtype)
 
 
-@pytest.mark.parametrize("mode,pattern", [p for p in Q_ROW_PATHS if p[0] == "qmajor"])
+@pytest.mark.parametrize("mode,pattern", [p for p in Q_ROW_PATHS if p[0] == "qmajor-tiles"])
 def test_sm90_prefill_q_near_bf16_max(rng, monkeypatch, mode, pattern):
     """bf16 q near bf16's max, on the sm_90 query-major kernel's scaled fp16 products only: bf16 products of
     such rows overflow fp32 (the KV-major kernel's, the portable kernel's, a bf16 cache's)."""
@@ -488,8 +531,8 @@ def test_sm90_prefill_zero_q_rows_average_v(rng, monkeypatch):
     prob.q[:] = 0.0
     t = mt.to_torch(prob, DEV, torch.bfloat16)
     k8, v8, kd, vd = fp8_tensors(prob, False)
-    out, lse = call(plan_sm90(prob, monkeypatch, "qmajor"), prob, t, k8, v8, q_scale=Q_SCALE, k_scale=K_SCALE,
-                    v_scale=V_SCALE)
+    out, lse = call(plan_sm90(prob, monkeypatch, "qmajor-tiles"), prob, t, k8, v8, q_scale=Q_SCALE,
+                    k_scale=K_SCALE, v_scale=V_SCALE)
     o_ref, lse_ref = mt.scaled_reference(prob, kd, vd, q_scale=Q_SCALE)
     visible = prob.positions() + 1  # causal: keys 0 .. position
     np.testing.assert_allclose(lse_ref, np.broadcast_to(np.log(visible)[:, None], lse_ref.shape), rtol=1e-12)
