@@ -388,6 +388,14 @@ def test_sm90_prefill_modes(rng, monkeypatch, mode, pattern, dtype, interleaved)
     check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, dtype, interleaved)
 
 
+@pytest.mark.parametrize("mode", ["qmajor", "qmajor-tiles"])
+def test_sm90_prefill_wide_tile_lists(rng, monkeypatch, mode):
+    """G = 4 and top-32: 1024 selections a tile, whose union the CTA form of the tile-list pass builds (and, with
+    the fp8 copy, flags); G < 8 has no KV-major path, so every tile is query-major."""
+    prob = problem(rng, [300, 70], [5000, 900], "random", heads=(16, 4), topk=32, page_size=128)
+    check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, "bf16", True)
+
+
 def test_sm90_prefill_kvmajor_windows(rng, monkeypatch):
     prob = problem(rng, [400, 300, 9], [1200, 900, 300], "random", heads=(32, 2), topk=16, page_size=128)
     check_prefill_fp8(plan_sm90(prob, monkeypatch, "kvmajor", window_tiles=8), prob, "bf16", True)
