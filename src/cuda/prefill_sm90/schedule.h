@@ -50,8 +50,8 @@ struct TileListParams {
 
 // For every tile: the sorted union of its tokens' valid selections (contributing_block) with the
 // bitmask of tokens that chose each block (duplicates inside a row fold into one entry), the tile's
-// path, the count of KV-major tiles per window, and (copy_flags) the fp8 copy's flags of query-major tiles. A warp per tile (a sort in registers) up to
-// kListWarpMaxEntries entries per tile, a CTA per tile above.
+// path, the count of KV-major tiles per window, and (copy_flags) the fp8 copy's flags of query-major tiles. A
+// warp per tile (a sort in registers) up to kListWarpMaxEntries entries per tile, a CTA per tile above.
 // pdl: launched with programmatic dependent launch (right after the schedule kernel).
 void launch_tile_lists(const TileListParams& p, bool pdl, cudaStream_t stream);
 
