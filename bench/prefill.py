@@ -325,7 +325,8 @@ def tflops(pairs: int, us: float) -> float:
 
 KERNEL_NAMES = [("qmajor_prefill_kernel", "qmajor"), ("kvmajor_prefill_kernel", "kvmajor"), ("kv_merge", "merge"),
                 ("kv_rank", "rank"), ("kv_scan", "scan"), ("kv_fill", "fill"), ("tile_lists", "lists"),
-                ("tile_schedule", "schedule"), ("emset", "memset")]
+                ("tile_schedule", "schedule"), ("fp8_copy_widen", "widen"),
+                ("emset", "memset")]
 
 
 def kernel_breakdown(call, calls: int = 3) -> dict:

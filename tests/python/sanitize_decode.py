@@ -94,7 +94,8 @@ def main():
                                                          pattern=None), decode=False)
 
     # fp8 K/V: the token kernel (K fragments from fp8 rows, V converted), the general kernel's converted tiles,
-    # the two-level dense merges of both kernels, and the Hopper prefill kernels' widened tiles (query-major and KV-major).
+    # the two-level dense merges of both kernels, and the Hopper prefill kernels' fp8 paths (query-major on the
+    # plan's 16-bit copy and on widened tiles, KV-major).
     check("fp8 decode sparse, token kernel, split", prob([1, 1], [3000, 700]), fp8=True)
     # more than four waves of CTAs: the tile loop cycles through all 6 ring stages (3 on the grids above)
     n = 8 * torch.cuda.get_device_properties(0).multi_processor_count // 4 + 1
@@ -110,10 +111,13 @@ def main():
     os.environ["MSA_PAGED_TOKEN_KERNEL"] = "0"  # the general kernel's two-level merge
     check("fp8 decode dense, general kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
     del os.environ["MSA_PAGED_TOKEN_KERNEL"]
-    for mode in ("qmajor", "kvmajor"):
-        os.environ["MSA_SM90_PREFILL"] = mode
-        check(f"fp8 prefill sparse, {mode}", prob([70, 5, 130], [300, 5, 900], hkv=2, g=16), decode=False, fp8=True)
-        del os.environ["MSA_SM90_PREFILL"]
+    # query-major on the plan's 16-bit copy (the tile-list pass's flags, the widen kernel) and on tiles widened
+    # in shared memory; KV-major
+    for mode, qmajor_fp8 in (("qmajor", "auto"), ("qmajor", "tiles"), ("kvmajor", "auto")):
+        os.environ["MSA_SM90_PREFILL"], os.environ["MSA_SM90_FP8_QMAJOR"] = mode, qmajor_fp8
+        check(f"fp8 prefill sparse, {mode}, {qmajor_fp8}", prob([70, 5, 130], [300, 5, 900], hkv=2, g=16),
+              decode=False, fp8=True)
+        del os.environ["MSA_SM90_PREFILL"], os.environ["MSA_SM90_FP8_QMAJOR"]
     check("fp8 prefill dense, page 64 (paged family)", prob([40, 3], [250, 600], hkv=1, g=16, page_size=64,
                                                             pattern=None), decode=False, fp8=True)
 

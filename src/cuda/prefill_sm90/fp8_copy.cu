@@ -16,25 +16,42 @@ namespace msa::detail::cuda::prefill_sm90 {
 
 namespace {
 
-constexpr int kWidenThreads = 256;
-constexpr int kWidenCtasPerSm = 4;
-// Thread t moves 8 bytes (8 values) of rows t / 16 + 16 i of K and of V: 16 lanes read a 128-byte fp8 row and
-// write its 256-byte 16-bit row, whole sectors both ways.
-constexpr int kRowLanes = kHeadDim / 8;
+// A CTA per flagged (copy page, KV head) at a time, 128 threads: thread t moves 8 bytes (8 values) of rows
+// t / 16 + 8 i of K, then of V; 16 lanes read a 128-byte fp8 row and write its 256-byte 16-bit row, so each
+// warp store fills whole sectors. The stores are explicit 16-byte ones (__stcg): plain uint4 assignments
+// compiled to four 4-byte stores here, each filling a quarter of its sectors, and 16-byte loads with a lane
+// writing 32 bytes half-filled them (3x the L2 write sectors); either held this kernel at 1.35-1.7 TB/s
+// (M3-TP1 P-chunk `shared`: 55-73 us, now ~24, the copy rate). The grid is every CTA that fits at once
+// (kWidenMinCtasPerSm or more a SM): a second wave would start only as the first drains, and the query-major
+// kernel's CTAs, waiting for this kernel's end (PDL), take the SMs it leaves.
+constexpr int kWidenThreads = 128;
+constexpr int kWidenMinCtasPerSm = 8;
+constexpr int kChunk = 8;
+constexpr int kRowLanes = kHeadDim / kChunk;
 constexpr int kRowsPerPass = kWidenThreads / kRowLanes;
 constexpr int kPasses = kBlockKeys / kRowsPerPass;
 static_assert(kBlockKeys % kRowsPerPass == 0, "the block's rows spread evenly");
 
-// Eight e4m3 values -> eight values of T, exactly (arch::e4m3x16_to's halves).
+// The block's rows of one pool (K or V) widened into the copy: every load before the first store.
 template <typename T>
-__device__ __forceinline__ uint4 widen8(uint2 w) {
-  const uint2 a = arch::e4m3x4_to_f16x4_raw(w.x), b = arch::e4m3x4_to_f16x4_raw(w.y);
-  return make_uint4(arch::f16x2_raw_to<T>(a.x), arch::f16x2_raw_to<T>(a.y), arch::f16x2_raw_to<T>(b.x),
-                    arch::f16x2_raw_to<T>(b.y));
+__device__ __forceinline__ void widen_rows(const uint8_t* src, int64_t stride_token, T* dst, int r0, int valid) {
+  uint2 in[kPasses];
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int r = r0 + i * kRowsPerPass;  // zeros past kv_len: those keys are masked, and P = 0 meets V = 0 there
+    in[i] = r < valid ? *reinterpret_cast<const uint2*>(src + r * stride_token) : make_uint2(0, 0);
+  }
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const uint2 a = arch::e4m3x4_to_f16x4_raw(in[i].x), b = arch::e4m3x4_to_f16x4_raw(in[i].y);
+    const uint4 out = make_uint4(arch::f16x2_raw_to<T>(a.x), arch::f16x2_raw_to<T>(a.y), arch::f16x2_raw_to<T>(b.x),
+                                 arch::f16x2_raw_to<T>(b.y));
+    __stcg(reinterpret_cast<uint4*>(dst + (r0 + i * kRowsPerPass) * kHeadDim), out);  // kept in L2 for the kernel next
+  }
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kWidenThreads) fp8_copy_widen_kernel(const Fp8CopyParams p) {
+__global__ void __launch_bounds__(kWidenThreads, kWidenMinCtasPerSm) fp8_copy_widen_kernel(const Fp8CopyParams p) {
   arch::grid_dependency_wait();  // the tile lists' flags and the schedule's blk_cum
   arch::allow_dependent_launch();
   const int32_t hkv = p.num_kv_heads, batch = p.seqs.batch_size;
@@ -43,17 +60,8 @@ __global__ void __launch_bounds__(kWidenThreads) fp8_copy_widen_kernel(const Fp8
   const int c = threadIdx.x % kRowLanes, r0 = threadIdx.x / kRowLanes;
   const int64_t plane = static_cast<int64_t>(p.copy_pages) * hkv * kBlockKeys * kHeadDim;  // K's elements
   const int32_t items = p.copy_pages * hkv;
-  __shared__ int32_t go;
   for (int32_t item = blockIdx.x; item < items; item += gridDim.x) {
-    // The flag is cleared as it is taken, so that every flag is 0 again after the run (one CTA per item).
-    if (threadIdx.x == 0) {
-      go = p.flags[item];
-      if (go) p.flags[item] = 0;
-    }
-    __syncthreads();
-    const bool take = go != 0;
-    __syncthreads();  // every thread read go before thread 0 writes the next item's
-    if (!take) continue;
+    if (p.flags[item * kCopyFlagBytes] == 0) continue;  // the same flag for every thread: the CTA skips or takes it
     const int32_t page = item / hkv, h = item - page * hkv;
     int lo = 0, hi = batch;  // the request: the last b with blk_cum[b] / Hkv <= page
     while (hi - lo > 1) {
@@ -63,42 +71,51 @@ __global__ void __launch_bounds__(kWidenThreads) fp8_copy_widen_kernel(const Fp8
     const int32_t block = page - p.blk_cum[lo] / hkv;
     const SeqView v = load_seq(p.seqs, lo);
     const int32_t pool = block < num_kv_blocks(v.kv_len) ? physical_page(p.pages, lo, block / p.page_blocks) : -1;
-    if (threadIdx.x == 0) p.copy_table[page] = pool >= 0 ? page : -1;  // every flagged head writes the same
+    // The flag is cleared as it is taken, once every thread has read it, so that every flag is 0 again
+    // after the run.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      p.flags[item * kCopyFlagBytes] = 0;
+      p.copy_table[page] = pool >= 0 ? page : -1;  // every flagged head writes the same
+    }
     if (pool < 0) continue;
     const int32_t valid = min(kBlockKeys, v.kv_len - block * kBlockKeys);
     const int32_t key0 = (block % p.page_blocks) * kBlockKeys;
     const uint8_t* ks = static_cast<const uint8_t*>(p.k.data) + pool * p.k.stride_page + h * p.k.stride_head +
-                        key0 * p.k.stride_token + 8 * c;
+                        key0 * p.k.stride_token + kChunk * c;
     const uint8_t* vs = static_cast<const uint8_t*>(p.v.data) + pool * p.v.stride_page + h * p.v.stride_head +
-                        key0 * p.v.stride_token + 8 * c;
-    T* kd = static_cast<T*>(p.copy) + (static_cast<int64_t>(page) * hkv + h) * kBlockKeys * kHeadDim + 8 * c;
-    T* vd = kd + plane;
-    uint2 kin[kPasses], vin[kPasses];
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {  // every load before the first conversion
-      const int r = r0 + i * kRowsPerPass;
-      const bool in = r < valid;  // zeros past kv_len: those keys are masked, and P = 0 meets V = 0 there
-      kin[i] = in ? *reinterpret_cast<const uint2*>(ks + r * p.k.stride_token) : make_uint2(0, 0);
-      vin[i] = in ? *reinterpret_cast<const uint2*>(vs + r * p.v.stride_token) : make_uint2(0, 0);
-    }
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int r = r0 + i * kRowsPerPass;
-      *reinterpret_cast<uint4*>(kd + r * kHeadDim) = widen8<T>(kin[i]);
-      *reinterpret_cast<uint4*>(vd + r * kHeadDim) = widen8<T>(vin[i]);
-    }
+                        key0 * p.v.stride_token + kChunk * c;
+    T* kd = static_cast<T*>(p.copy) + (static_cast<int64_t>(page) * hkv + h) * kBlockKeys * kHeadDim + kChunk * c;
+    widen_rows(ks, p.k.stride_token, kd, r0, valid);
+    widen_rows(vs, p.v.stride_token, kd + plane, r0, valid);
   }
+}
+
+// CTAs of the kernel that fit on one SM (cached per instance).
+template <typename T>
+int widen_ctas_per_sm() {
+  static const int n = [] {
+    int ctas = 0;
+    MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, fp8_copy_widen_kernel<T>, kWidenThreads, 0));
+    return std::max(ctas, 1);
+  }();
+  return n;
+}
+
+template <typename T>
+void launch_widen(const Fp8CopyParams& p, int sm_count, cudaStream_t stream) {
+  const int32_t items = p.copy_pages * p.num_kv_heads;
+  const dim3 grid(std::max(1, std::min(items, widen_ctas_per_sm<T>() * std::max(sm_count, 1))));
+  launch_kernel(true, fp8_copy_widen_kernel<T>, grid, dim3(kWidenThreads), 0, stream, p);
 }
 
 }  // namespace
 
 void launch_fp8_copy_widen(const Fp8CopyParams& p, bool bf16, int sm_count, cudaStream_t stream) {
-  const int32_t items = p.copy_pages * p.num_kv_heads;
-  const dim3 grid(std::max(1, std::min(items, kWidenCtasPerSm * std::max(sm_count, 1))));
   if (bf16)
-    launch_kernel(true, fp8_copy_widen_kernel<__nv_bfloat16>, grid, dim3(kWidenThreads), 0, stream, p);
+    launch_widen<__nv_bfloat16>(p, sm_count, stream);
   else
-    launch_kernel(true, fp8_copy_widen_kernel<__half>, grid, dim3(kWidenThreads), 0, stream, p);
+    launch_widen<__half>(p, sm_count, stream);
 }
 
 }  // namespace msa::detail::cuda::prefill_sm90

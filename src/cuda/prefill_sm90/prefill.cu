@@ -86,7 +86,7 @@ void plan_fp8_copy(PrefillState& s, int64_t pages) {
   if (pages <= 0 || 2 * plane > kFp8CopyBudgetBytes) return;
   s.copy_pages = static_cast<int32_t>(pages);
   s.fp8_copy = DeviceBuffer(static_cast<size_t>(2 * plane));
-  s.copy_flags = DeviceBuffer(static_cast<size_t>(pages * hkv));
+  s.copy_flags = DeviceBuffer(static_cast<size_t>(pages * hkv * kCopyFlagBytes));
   s.copy_indptr = DeviceBuffer((static_cast<size_t>(s.batch_size) + 1) * sizeof(int32_t));
   s.copy_table = DeviceBuffer(static_cast<size_t>(pages) * sizeof(int32_t));
   const uint64_t dims[4] = {kHeadDim, kBlockKeys, static_cast<uint64_t>(hkv), static_cast<uint64_t>(pages)};

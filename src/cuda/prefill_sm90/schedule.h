@@ -43,7 +43,7 @@ struct TileListParams {
   int32_t* qm_count = nullptr;         // their count (zeroed by the schedule kernel)
   // fp8 K/V with the plan's 16-bit copy of the blocks (fp8_copy.h): every query-major tile sets the flag of
   // (copy page, KV head) of each block of its union; null: no copy this run.
-  uint8_t* copy_flags = nullptr;       // [copy_pages * Hkv]
+  uint8_t* copy_flags = nullptr;       // [copy_pages * Hkv] flags of kCopyFlagBytes
   const int32_t* blk_cum = nullptr;    // [B + 1]: the schedule kernel's
   int32_t copy_pages = 0;
 };
