@@ -21,11 +21,11 @@ namespace {
 // warp store fills whole sectors. The stores are explicit 16-byte ones (__stcg): plain uint4 assignments
 // compiled to four 4-byte stores here, each filling a quarter of its sectors, and 16-byte loads with a lane
 // writing 32 bytes half-filled them (3x the L2 write sectors); either held this kernel at 1.35-1.7 TB/s
-// (M3-TP1 P-chunk `shared`: 55-73 us, now ~24, the copy rate). The grid is every CTA that fits at once
-// (kWidenMinCtasPerSm or more a SM): a second wave would start only as the first drains, and the query-major
-// kernel's CTAs, waiting for this kernel's end (PDL), take the SMs it leaves.
+// (M3-TP1 P-chunk `shared`: 55-73 us, now ~24, the copy rate). The grid is kWidenCtasPerSm CTAs a SM, which
+// the launch bounds guarantee fit at once (64 registers): a second wave would start only as the first drains,
+// and the query-major kernel's CTAs, waiting for this kernel's end (PDL), take the SMs it leaves.
 constexpr int kWidenThreads = 128;
-constexpr int kWidenMinCtasPerSm = 8;
+constexpr int kWidenCtasPerSm = 8;
 constexpr int kChunk = 8;
 constexpr int kRowLanes = kHeadDim / kChunk;
 constexpr int kRowsPerPass = kWidenThreads / kRowLanes;
@@ -51,7 +51,7 @@ __device__ __forceinline__ void widen_rows(const uint8_t* src, int64_t stride_to
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kWidenThreads, kWidenMinCtasPerSm) fp8_copy_widen_kernel(const Fp8CopyParams p) {
+__global__ void __launch_bounds__(kWidenThreads, kWidenCtasPerSm) fp8_copy_widen_kernel(const Fp8CopyParams p) {
   arch::grid_dependency_wait();  // the tile lists' flags and the schedule's blk_cum
   arch::allow_dependent_launch();
   const int32_t hkv = p.num_kv_heads, batch = p.seqs.batch_size;
@@ -91,21 +91,10 @@ __global__ void __launch_bounds__(kWidenThreads, kWidenMinCtasPerSm) fp8_copy_wi
   }
 }
 
-// CTAs of the kernel that fit on one SM (cached per instance).
-template <typename T>
-int widen_ctas_per_sm() {
-  static const int n = [] {
-    int ctas = 0;
-    MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, fp8_copy_widen_kernel<T>, kWidenThreads, 0));
-    return std::max(ctas, 1);
-  }();
-  return n;
-}
-
 template <typename T>
 void launch_widen(const Fp8CopyParams& p, int sm_count, cudaStream_t stream) {
   const int32_t items = p.copy_pages * p.num_kv_heads;
-  const dim3 grid(std::max(1, std::min(items, widen_ctas_per_sm<T>() * std::max(sm_count, 1))));
+  const dim3 grid(std::max(1, std::min(items, kWidenCtasPerSm * std::max(sm_count, 1))));
   launch_kernel(true, fp8_copy_widen_kernel<T>, grid, dim3(kWidenThreads), 0, stream, p);
 }
 

@@ -44,7 +44,7 @@ struct Fp8CopyParams {
   void* copy = nullptr;         // K then V, q's dtype
 };
 
-// Launched with PDL after the tile lists; sm_count sizes the grid (every CTA that fits at once).
+// Launched with PDL after the tile lists; sm_count sizes the grid (one wave of CTAs).
 void launch_fp8_copy_widen(const Fp8CopyParams& p, bool bf16, int sm_count, cudaStream_t stream);
 
 }  // namespace msa::detail::cuda::prefill_sm90
