@@ -118,5 +118,9 @@ inline constexpr long long kFp8CopyBudgetBytes = 512ll << 20;
 // flag of each block of its union, so at `shared` selections thousands of tiles store to the same few flags;
 // byte flags (32 to a sector) serialized those stores (M3-TP1 P-chunk: tile lists 11.9 -> 9.0 us).
 inline constexpr int kCopyFlagBytes = 32;
+// A flag's first kCopyFlagParts bytes: one per quarter of its (block, KV head), 64 rows of K or of V, the widen
+// kernel's smallest unit of work. The tile lists set all four at once (one 4-byte store); a unit (a quarter, a half
+// or the whole pair) clears only its own bytes, so none clears a byte another unit has yet to read.
+inline constexpr int kCopyFlagParts = 4;
 
 }  // namespace msa::detail::cuda::prefill_sm90

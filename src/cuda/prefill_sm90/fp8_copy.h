@@ -7,13 +7,13 @@
 // kernel, each block some query-major tile reads is widened once, exactly, into a plan-owned copy in q's
 // dtype, and the 16-bit query-major kernel reads that copy:
 //   the tile lists (schedule.h, copy_flags): every query-major tile flags (copy page, KV head) of each block of
-//          its union;
-//   widen: one launch between the lists and the query-major kernel, one wave of CTAs striding over the (copy
-//          page, KV head) pairs; a CTA takes each flag and clears it (so the flags are all 0 for the next run:
-//          zeroed once, by the plan's first eager run), widens a flagged block's 128 K and 128 V rows (zeros
-//          past kv_len) and writes the copy page's table entry (-1 where the pool's page is invalid, so those
-//          keys stay invisible as in the pool); CTA 0 also writes the copy's flat page-table rows (indptr =
-//          blk_cum / Hkv).
+//          its union, all kCopyFlagParts bytes of the flag at once;
+//   widen: one launch between the lists and the query-major kernel, one wave of CTAs striding over the units
+//          (a quarter of a (copy page, KV head): 64 rows of K or of V); a CTA takes its unit's flag byte and
+//          clears it (so the flags are all 0 for the next run: zeroed once, by the plan's first eager run),
+//          widens the unit's rows (zeros past kv_len) and writes the copy page's table entry (-1 where the
+//          pool's page is invalid, so those keys stay invisible as in the pool); CTA 0 also writes the copy's
+//          flat page-table rows (indptr = blk_cum / Hkv).
 // A flag left set (a stale one) only widens a block no tile reads: correctness needs every block a tile reads
 // flagged, nothing more.
 // The copy is [copy_pages, Hkv, 128, 128] for K, then the same for V, page p of request b being its block
@@ -38,10 +38,11 @@ struct Fp8CopyParams {
   int32_t page_blocks = 1;      // the pool's page_size / 128
   int32_t num_kv_heads = 0;
   int32_t copy_pages = 0;       // the plan's extent: sum over requests of ceil(kv_len / 128)
-  uint8_t* flags = nullptr;     // [copy_pages * Hkv] flags of kCopyFlagBytes, all 0 between runs
+  uint8_t* flags = nullptr;  // [copy_pages * Hkv] flags of kCopyFlagBytes (kCopyFlagParts used), 0 between runs
   int32_t* copy_indptr = nullptr;  // [B + 1]
   int32_t* copy_table = nullptr;   // [copy_pages]
   void* copy = nullptr;         // K then V, q's dtype
+  int32_t unit_parts = 1;       // a CTA's unit: 1/unit_parts of a (copy page, KV head); set by the launcher
 };
 
 // Launched with PDL after the tile lists; sm_count sizes the grid (one wave of CTAs).

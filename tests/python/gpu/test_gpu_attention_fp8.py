@@ -396,6 +396,16 @@ def test_sm90_prefill_wide_tile_lists(rng, monkeypatch, mode):
     check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, "bf16", True)
 
 
+@pytest.mark.parametrize("kv_len", [700, 10000, 20000])
+def test_sm90_prefill_fp8_copy_unit_sizes(rng, monkeypatch, kv_len):
+    """The widen kernel's units: on 132 SMs (1056 CTAs) 4 KV heads x 10 / 83 / 161 blocks take quarters, halves and
+    whole (block, KV head) pairs, each unit its own bytes of the flag; a second run reads the flags the first left."""
+    prob = problem(rng, [150, 40], [kv_len, 500], "shared", heads=(64, 4), topk=16, page_size=128)
+    plan = plan_sm90(prob, monkeypatch, "qmajor")
+    for _ in range(2):
+        check_prefill_fp8(plan, prob, "bf16", True)
+
+
 def test_sm90_prefill_kvmajor_windows(rng, monkeypatch):
     prob = problem(rng, [400, 300, 9], [1200, 900, 300], "random", heads=(32, 2), topk=16, page_size=128)
     check_prefill_fp8(plan_sm90(prob, monkeypatch, "kvmajor", window_tiles=8), prob, "bf16", True)
