@@ -9,8 +9,9 @@
 //   the tile lists (schedule.h, copy_flags): every query-major tile flags (copy page, KV head) of each block of
 //          its union, all kCopyFlagParts bytes of the flag at once;
 //   widen: one launch between the lists and the query-major kernel, one wave of CTAs striding over the units
-//          (a quarter of a (copy page, KV head): 64 rows of K or of V); a CTA takes its unit's flag byte and
-//          clears it (so the flags are all 0 for the next run: zeroed once, by the plan's first eager run),
+//          (a quarter, a half or the whole of a (copy page, KV head): 64, 128 or 256 of its K-then-V rows, the
+//          smallest that gives every CTA of the grid one); a CTA takes its unit's flag bytes and clears them
+//          (so the flags are all 0 for the next run: zeroed once, by the plan's first eager run),
 //          widens the unit's rows (zeros past kv_len) and writes the copy page's table entry (-1 where the
 //          pool's page is invalid, so those keys stay invisible as in the pool); CTA 0 also writes the copy's
 //          flat page-table rows (indptr = blk_cum / Hkv).
