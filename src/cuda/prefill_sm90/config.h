@@ -114,9 +114,10 @@ inline constexpr long long kKvPartialBudgetBytes = 2ll << 30;
 // the plan's requests, 64 KiB per (block, KV head); a plan that needs more widens in the kernel instead.
 // 512 MiB: M3-TP1 up to 262144 tokens of context (P-32K: 64 MiB).
 inline constexpr long long kFp8CopyBudgetBytes = 512ll << 20;
-// Bytes a copy flag holds (its byte, then padding): each flag its own L2 sector. Every query-major tile sets the
-// flag of each block of its union, so at `shared` selections thousands of tiles store to the same few flags;
-// byte flags (32 to a sector) serialized those stores (M3-TP1 P-chunk: tile lists 11.9 -> 9.0 us).
+// Bytes a copy flag holds (its kCopyFlagParts bytes, then padding): each flag its own L2 sector. Every
+// query-major tile sets the flag of each block of its union, so at `shared` selections thousands of tiles store
+// to the same few flags; byte flags (32 to a sector) serialized those stores (M3-TP1 P-chunk: tile lists 11.9 ->
+// 9.0 us).
 inline constexpr int kCopyFlagBytes = 32;
 // A flag's first kCopyFlagParts bytes: one per quarter of its (block, KV head), 64 rows of K or of V, the widen
 // kernel's smallest unit of work. The tile lists set all four at once (one 4-byte store); a unit (a quarter, a half
