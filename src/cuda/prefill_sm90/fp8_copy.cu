@@ -71,31 +71,37 @@ __device__ __forceinline__ void widen_item_rows(const Fp8CopyParams& p, int64_t 
 template <typename T>
 __global__ void __launch_bounds__(kWidenThreads, kWidenCtasPerSm)
     fp8_copy_widen_kernel(const __grid_constant__ Fp8CopyParams p) {
-  arch::grid_dependency_wait();  // the tile lists' flags and the schedule's blk_cum
+  // Flagged: the tile lists' flags first. Every block: the lists are not read, so the kernel runs beside them
+  // and waits for them only at its end, which makes the query-major kernel's wait (on this grid) cover them.
+  // blk_cum, the schedule kernel's, is complete before the lists (this grid's primary) let this grid launch:
+  // each lists CTA allows it only after its own wait on the schedule kernel (read from the L2 all the same).
+  const bool every_block = p.flags == nullptr;
+  if (!every_block) arch::grid_dependency_wait();
   arch::allow_dependent_launch();
   const int32_t hkv = p.num_kv_heads, batch = p.seqs.batch_size;
   if (blockIdx.x == 0)
-    for (int32_t b = threadIdx.x; b <= batch; b += kWidenThreads) p.copy_indptr[b] = p.blk_cum[b] / hkv;
+    for (int32_t b = threadIdx.x; b <= batch; b += kWidenThreads) p.copy_indptr[b] = __ldcg(p.blk_cum + b) / hkv;
   const int32_t parts = p.unit_parts, unit_rows = kItemRows / parts, flag_bytes = kCopyFlagParts / parts;
   const int32_t units = p.copy_pages * hkv * parts;
   for (int32_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const int32_t item = unit / parts, part = unit - item * parts;
-    uint8_t* flag = p.flags + static_cast<int64_t>(item) * kCopyFlagBytes + part * flag_bytes;
-    if (*flag == 0) continue;  // the same flag for every thread: the CTA skips or takes it
+    uint8_t* flag = every_block ? nullptr : p.flags + static_cast<int64_t>(item) * kCopyFlagBytes + part * flag_bytes;
+    if (!every_block && *flag == 0) continue;  // the same flag for every thread: the CTA skips or takes it
     const int32_t page = item / hkv, h = item - page * hkv;
     int lo = 0, hi = batch;  // the request: the last b with blk_cum[b] / Hkv <= page
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
-      if (p.blk_cum[mid] / hkv <= page) lo = mid; else hi = mid;
+      if (__ldcg(p.blk_cum + mid) / hkv <= page) lo = mid; else hi = mid;
     }
-    const int32_t block = page - p.blk_cum[lo] / hkv;
+    const int32_t block = page - __ldcg(p.blk_cum + lo) / hkv;
     const SeqView v = load_seq(p.seqs, lo);
     const int32_t pool = block < num_kv_blocks(v.kv_len) ? physical_page(p.pages, lo, block / p.page_blocks) : -1;
     // The unit's flag bytes are cleared as it takes them, once every thread has read them, so that every flag is
     // 0 again after the run.
     __syncthreads();
     if (threadIdx.x == 0) {
-      for (int32_t i = 0; i < flag_bytes; ++i) flag[i] = 0;
+      if (!every_block)
+        for (int32_t i = 0; i < flag_bytes; ++i) flag[i] = 0;
       p.copy_table[page] = pool >= 0 ? page : -1;  // every flagged unit writes the same
     }
     if (pool < 0) continue;
@@ -107,6 +113,7 @@ __global__ void __launch_bounds__(kWidenThreads, kWidenCtasPerSm)
       for (int r = part * unit_rows; r < (part + 1) * unit_rows; r += kBlockKeys)
         widen_item_rows<T, kBlockKeys>(p, pool, h, item, key0, valid, r);
   }
+  if (every_block) arch::grid_dependency_wait();
 }
 
 template <typename T>

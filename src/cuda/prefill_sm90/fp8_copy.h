@@ -17,6 +17,9 @@
 //          flat page-table rows (indptr = blk_cum / Hkv).
 // A flag left set (a stale one) only widens a block no tile reads: correctness needs every block a tile reads
 // flagged, nothing more.
+// A plan of few blocks (config.h, kCopyEveryBlockMaxItems) has no flags: the widen kernel takes every unit, runs
+// beside the tile lists instead of after them, and waits for them at its end, so that the query-major kernel's
+// wait on it covers the lists too.
 // The copy is [copy_pages, Hkv, 128, 128] for K, then the same for V, page p of request b being its block
 // p - blk_cum[b] / Hkv. KV-major tiles read the fp8 pool as before (each of their blocks is widened once per
 // work item there).
@@ -39,7 +42,8 @@ struct Fp8CopyParams {
   int32_t page_blocks = 1;      // the pool's page_size / 128
   int32_t num_kv_heads = 0;
   int32_t copy_pages = 0;       // the plan's extent: sum over requests of ceil(kv_len / 128)
-  uint8_t* flags = nullptr;  // [copy_pages * Hkv] flags of kCopyFlagBytes (kCopyFlagParts used), 0 between runs
+  // [copy_pages * Hkv] flags of kCopyFlagBytes (kCopyFlagParts used), 0 between runs; null: every block widened
+  uint8_t* flags = nullptr;
   int32_t* copy_indptr = nullptr;  // [B + 1]
   int32_t* copy_table = nullptr;   // [copy_pages]
   void* copy = nullptr;         // K then V, q's dtype

@@ -79,14 +79,15 @@ void plan_kv_major(PrefillState& s, int64_t total_blocks) {
 
 // The 16-bit copy of an fp8 cache's blocks for the query-major tiles (fp8_copy.h) and its TMA maps, K and V
 // for bf16 and fp16 q (the plan does not know q's dtype), as a cache [pages, Hkv, 128, D]; none when the copy
-// exceeds its budget.
+// exceeds its budget. Every block is widened, beside the tile lists, when the plan has few (config.h).
 void plan_fp8_copy(PrefillState& s, int64_t pages) {
   const int64_t hkv = s.num_kv_heads;
   const int64_t plane = pages * hkv * kBlockKeys * kHeadDim * 2;  // bytes of K (and of V)
   if (pages <= 0 || 2 * plane > kFp8CopyBudgetBytes) return;
   s.copy_pages = static_cast<int32_t>(pages);
   s.fp8_copy = DeviceBuffer(static_cast<size_t>(2 * plane));
-  s.copy_flags = DeviceBuffer(static_cast<size_t>(pages * hkv * kCopyFlagBytes));
+  s.copy_every_block = pages * hkv <= kCopyEveryBlockMaxItems;
+  if (!s.copy_every_block) s.copy_flags = DeviceBuffer(static_cast<size_t>(pages * hkv * kCopyFlagBytes));
   s.copy_indptr = DeviceBuffer((static_cast<size_t>(s.batch_size) + 1) * sizeof(int32_t));
   s.copy_table = DeviceBuffer(static_cast<size_t>(pages) * sizeof(int32_t));
   const uint64_t dims[4] = {kHeadDim, kBlockKeys, static_cast<uint64_t>(hkv), static_cast<uint64_t>(pages)};
@@ -190,6 +191,7 @@ std::string describe(const PrefillState& s) {
     out += " windows=" + std::to_string(s.num_windows) + " window_tiles=" + std::to_string(s.window_tiles) +
            " key_stripes=" + std::to_string(s.key_stripes) + " concurrent";
   if (s.topk > 0) out += std::string(" fp8_qmajor=") + (s.copy_pages > 0 ? "copy" : "tiles");
+  if (s.copy_pages > 0) out += std::string(" fp8_copy=") + (s.copy_every_block ? "every-block" : "flagged");
   return out;
 }
 
@@ -290,7 +292,8 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   // plan's first eager run before the schedule kernel (a plain launch: no PDL edge is lost). Not at every run: a
   // memset node ahead of the schedule kernel delayed it by 12-16 us in graph replay (M3-TP1 / TP4 P-chunk).
   const bool copy = f8 && sparse && s.copy_pages > 0;
-  if (copy && !s.copy_flags_zeroed.load(std::memory_order_acquire)) {
+  const bool flagged = copy && !s.copy_every_block;
+  if (flagged && !s.copy_flags_zeroed.load(std::memory_order_acquire)) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     MSA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     MSA_CUDA_CHECK(cudaMemsetAsync(s.copy_flags.get(), 0, s.copy_flags.bytes(), stream));
@@ -326,7 +329,7 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
       lp.qm_tiles = ptr<int32_t>(s.qm_tiles);
       lp.qm_count = ptr<int32_t>(s.counters) + 1 + 2 * s.num_windows;
     }
-    if (copy) {
+    if (flagged) {
       lp.copy_flags = ptr<uint8_t>(s.copy_flags);
       lp.blk_cum = ptr<int32_t>(s.blk_cum);
       lp.copy_pages = s.copy_pages;

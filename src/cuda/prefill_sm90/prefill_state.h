@@ -29,7 +29,8 @@ struct PrefillState : KvListState {
   // query-major tiles whose copy fits kFp8CopyBudgetBytes; copy_pages 0: none (the kernel widens its tiles).
   int32_t copy_pages = 0;
   DeviceBuffer fp8_copy;     // K [copy_pages, Hkv, 128, 128], then V, in q's dtype
-  DeviceBuffer copy_flags;   // [copy_pages * Hkv] flags of kCopyFlagBytes, cleared by the widen kernel
+  bool copy_every_block = false;  // the widen kernel takes every block, beside the tile lists (no flags)
+  DeviceBuffer copy_flags;   // [copy_pages * Hkv] flags of kCopyFlagBytes, cleared by the widen kernel; none: every block
   mutable std::atomic<bool> copy_flags_zeroed{false};  // by the first eager run (a captured run records it)
   DeviceBuffer copy_indptr;  // [B + 1]
   DeviceBuffer copy_table;   // [copy_pages]

@@ -388,22 +388,66 @@ def test_sm90_prefill_modes(rng, monkeypatch, mode, pattern, dtype, interleaved)
     check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, dtype, interleaved)
 
 
+@pytest.mark.parametrize("kv_len", [5000, 20000])
 @pytest.mark.parametrize("mode", ["qmajor", "qmajor-tiles"])
-def test_sm90_prefill_wide_tile_lists(rng, monkeypatch, mode):
+def test_sm90_prefill_wide_tile_lists(rng, monkeypatch, mode, kv_len):
     """G = 4 and top-32: 1024 selections a tile, whose union the CTA form of the tile-list pass builds (and, with
-    the fp8 copy, flags); G < 8 has no KV-major path, so every tile is query-major."""
-    prob = problem(rng, [300, 70], [5000, 900], "random", heads=(16, 4), topk=32, page_size=128)
+    the fp8 copy of 20000 tokens, flags); G < 8 has no KV-major path, so every tile is query-major."""
+    prob = problem(rng, [300, 70], [kv_len, 900], "random", heads=(16, 4), topk=32, page_size=128)
     check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, "bf16", True)
 
 
-@pytest.mark.parametrize("kv_len", [700, 10000, 20000])
+@pytest.mark.parametrize("kv_len", [700, 10000, 16000, 20000])
 def test_sm90_prefill_fp8_copy_unit_sizes(rng, monkeypatch, kv_len):
-    """The widen kernel's units: on 132 SMs (1056 CTAs) 4 KV heads x 10 / 83 / 161 blocks take quarters, halves and
-    whole (block, KV head) pairs, each unit its own bytes of the flag; a second run reads the flags the first left."""
+    """The widen kernel's units: on 132 SMs (1056 CTAs) 4 KV heads x 10 / 83 / 129 / 161 blocks take quarters,
+    halves, halves and whole (block, KV head) pairs; up to 512 pairs every block is widened beside the tile lists,
+    above, the flagged ones after them, each unit its own bytes of the flag; a second run reads the flags the first
+    left."""
     prob = problem(rng, [150, 40], [kv_len, 500], "shared", heads=(64, 4), topk=16, page_size=128)
     plan = plan_sm90(prob, monkeypatch, "qmajor")
+    pairs = 4 * sum((n + 127) // 128 for n in (kv_len, 500))
+    if mt.kernel_capability() == (9, 0):
+        assert plan.describe()["fp8_copy"] == ("every-block" if pairs <= 512 else "flagged")
     for _ in range(2):
         check_prefill_fp8(plan, prob, "bf16", True)
+
+
+@pytest.mark.parametrize("kv_len", [2000, 20000])
+def test_sm90_prefill_fp8_copy_graph_replays(rng, monkeypatch, kv_len):
+    """The fp8 copy under a CUDA graph in both widen modes (2000: every block, beside the tile lists; 20000: the
+    flagged blocks, flags zeroed by the first eager run only): captured once, replayed while q, K/V, pages and
+    selections change in place (clustered, shared, random in turn), outputs poisoned before each replay, every
+    replay against the reference."""
+    kw = dict(heads=(64, 4), topk=16, page_size=128)
+    prob = problem(rng, [200, 90], [kv_len, 900], "clustered", **kw)
+    plan = plan_sm90(prob, monkeypatch, "qmajor")
+    if mt.kernel_capability() == (9, 0):
+        assert plan.describe()["fp8_copy"] == ("every-block" if kv_len == 2000 else "flagged")
+    t = mt.to_torch(prob, DEV, torch.bfloat16)
+    k8, v8, _, _ = fp8_tensors(prob, True)
+    out = torch.empty((t["q"].shape[0], prob.num_qo_heads, prob.head_dim_v), device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty((t["q"].shape[0], prob.num_qo_heads), device=DEV, dtype=torch.float32)
+
+    def step():
+        msa.attention(plan, t["q"], k8, v8, t["page_table"], t["qo_indptr"], t["kv_lens"], block_idx=t["block_idx"],
+                      qo_offset=t["qo_offset"], out=out, lse=lse, q_scale=Q_SCALE, k_scale=K_SCALE, v_scale=V_SCALE)
+
+    graph, _ = mt.capture_graph(step)
+    for it in range(6):
+        new = problem(rng, [200, 90], [kv_len, 900], ("clustered", "shared", "random")[it % 3], **kw)
+        nt = mt.to_torch(new, DEV, torch.bfloat16)
+        nk, nv, kd, vd = fp8_tensors(new, True)
+        for name in ("q", "page_table", "block_idx"):
+            t[name].copy_(nt[name])
+        k8.copy_(nk)
+        v8.copy_(nv)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        o_ref, lse_ref = mt.scaled_reference(new, kd, vd, q_scale=Q_SCALE)
+        mt.assert_close(out.float().cpu().numpy(), o_ref, what=f"replay {it}")
+        mt.assert_lse_close(lse.cpu().numpy(), lse_ref)
 
 
 def test_sm90_prefill_kvmajor_windows(rng, monkeypatch):
