@@ -118,6 +118,8 @@ def main():
         check(f"fp8 prefill sparse, {mode}, {qmajor_fp8}", prob([70, 5, 130], [300, 5, 900], hkv=2, g=16),
               decode=False, fp8=True)
         del os.environ["MSA_SM90_PREFILL"], os.environ["MSA_SM90_FP8_QMAJOR"]
+    check("fp8 prefill sparse, auto: KV-major tiles on the copy", prob([70, 5, 130], [300, 5, 900], hkv=2, g=16),
+          decode=False, fp8=True)
     os.environ["MSA_SM90_PREFILL"] = "qmajor"
     check("fp8 prefill sparse, qmajor, flagged copy", prob([70, 130], [300, 33000], hkv=2, g=16, pattern="clustered"),
           decode=False, fp8=True)

@@ -19,10 +19,11 @@
 // flagged, nothing more.
 // A plan of few blocks (config.h, kCopyEveryBlockMaxItems) has no flags: the widen kernel takes every unit, runs
 // beside the tile lists instead of after them, and waits for them at its end, so that the query-major kernel's
-// wait on it covers the lists too.
+// wait on it covers the lists too; the KV-major kernel then reads the copy as well (its side stream forks after
+// the widen kernel).
 // The copy is [copy_pages, Hkv, 128, 128] for K, then the same for V, page p of request b being its block
-// p - blk_cum[b] / Hkv. KV-major tiles read the fp8 pool as before (each of their blocks is widened once per
-// work item there).
+// p - blk_cum[b] / Hkv. With flags, KV-major tiles read the fp8 pool (each of their blocks widened once per work
+// item there): the lists flag no block for them.
 #pragma once
 
 #include <cuda_runtime.h>

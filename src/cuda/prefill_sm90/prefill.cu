@@ -141,8 +141,9 @@ void encode_cache_map(CUtensorMap* map, const AttentionParams& p, const CachePar
   encode_tensor_map(map, f8 ? ScalarType::kF16 : p.dtype, 4, c.data, dims, strides, box, what);
 }
 
-// qp: the query-major launch's params, whose K and V maps the KV-major kernel takes as they are (the same
-// encode_cache_map calls: two driver calls fewer on the host per run).
+// qp: the query-major launch's params, whose K and V maps and pages the KV-major kernel takes as they are (the
+// same encode_cache_map calls: two driver calls fewer on the host per run): the pool's, or the fp8 copy's when
+// it holds every block (f8 false then: the copy is in q's dtype).
 void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorParams& qp, bool bf16, bool f8,
                   cudaStream_t stream) {
   const KvListParams lp = kv_list_params(s, p);
@@ -161,10 +162,10 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorP
   kp.v_map = qp.v_map;
   kp.part_map = bf16 ? s.part_map_bf16 : s.part_map_f16;
   kp.seqs = p.seqs;
-  kp.pages = p.pages;
+  kp.pages = qp.pages;
   kp.lists = lists;
   kp.group_shift = s.group_shift;
-  kp.page_blocks = s.page_blocks;
+  kp.page_blocks = qp.page_blocks;
   kp.causal = s.causal;
   kp.scale_log2 = p.sm_scale * kLog2e;
   kp.tail_items = kKvTailItemsPerSm * s.sm_count;
@@ -348,14 +349,19 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
   // wait. The query-major kernel on the side stream would have that event wait as its predecessor and no
   // PDL edge: M3-TP4 P-chunk `shared`, whose KV-major launches find nothing to do, ran 133.1 us that way
   // against 130.6-130.8 with the query-major path alone (docs/prefill.md).
+  // With every block in the fp8 copy, the KV-major kernel reads the copy too (its 16-bit form, no widening per
+  // work item), so the side stream forks after the widen kernel: its first launch waited for the widen kernel's
+  // CTAs to leave the SMs all the same (M3-TP4 P-chunk `random`).
   const bool kv_path = sparse && s.rule != KvMajorRule::kNever;
-  if (kv_path) s.fork.fork(stream);
+  const bool kv_on_copy = copy && s.copy_every_block;
+  if (kv_path && !kv_on_copy) s.fork.fork(stream);
   const int grid = std::min(s.sm_count, s.num_tiles);
   try {
-    if (copy) {  // the flagged blocks widened, then the 16-bit kernel on the copy (pages by the copy's flat table)
+    QMajorParams wq = qp;
+    if (copy) {  // the blocks widened, then the 16-bit kernel on the copy (pages by the copy's flat table)
       const Fp8CopyParams cp = fp8_copy_params(s, p);
       launch_fp8_copy_widen(cp, bf16, s.sm_count, stream);
-      QMajorParams wq = qp;
+      if (kv_path && kv_on_copy) s.fork.fork(stream);
       wq.k_map = bf16 ? s.copy_k_map_bf16 : s.copy_k_map_f16;
       wq.v_map = bf16 ? s.copy_v_map_bf16 : s.copy_v_map_f16;
       wq.pages = PageTableParams{cp.copy_table, cp.copy_indptr, 0, s.copy_pages, s.copy_pages};
@@ -366,7 +372,7 @@ void run_prefill(const PrefillState& s, const Plan& plan, const AttentionParams&
            : launch_qmajor<false, true>(sparse, qp, grid, true, stream);
     else
       bf16 ? launch_qmajor<true>(sparse, qp, grid, true, stream) : launch_qmajor<false>(sparse, qp, grid, true, stream);
-    if (kv_path) run_kv_major(s, p, qp, bf16, f8, s.fork.side());
+    if (kv_path) run_kv_major(s, p, kv_on_copy ? wq : qp, bf16, f8 && !kv_on_copy, s.fork.side());
   } catch (...) {
     if (kv_path) s.fork.join_after_error(stream);
     throw;

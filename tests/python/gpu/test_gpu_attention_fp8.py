@@ -413,14 +413,15 @@ def test_sm90_prefill_fp8_copy_unit_sizes(rng, monkeypatch, kv_len):
 
 
 @pytest.mark.parametrize("kv_len", [2000, 20000])
-def test_sm90_prefill_fp8_copy_graph_replays(rng, monkeypatch, kv_len):
-    """The fp8 copy under a CUDA graph in both widen modes (2000: every block, beside the tile lists; 20000: the
-    flagged blocks, flags zeroed by the first eager run only): captured once, replayed while q, K/V, pages and
-    selections change in place (clustered, shared, random in turn), outputs poisoned before each replay, every
-    replay against the reference."""
+@pytest.mark.parametrize("mode", ["qmajor", "auto"])
+def test_sm90_prefill_fp8_copy_graph_replays(rng, monkeypatch, mode, kv_len):
+    """The fp8 copy under a CUDA graph in both widen modes (2000: every block, beside the tile lists, the KV-major
+    tiles of `auto` reading the copy too; 20000: the flagged blocks, flags zeroed by the first eager run only, the
+    KV-major tiles on the fp8 pool): captured once, replayed while q, K/V, pages and selections change in place
+    (clustered, shared, random in turn), outputs poisoned before each replay, every replay against the reference."""
     kw = dict(heads=(64, 4), topk=16, page_size=128)
     prob = problem(rng, [200, 90], [kv_len, 900], "clustered", **kw)
-    plan = plan_sm90(prob, monkeypatch, "qmajor")
+    plan = plan_sm90(prob, monkeypatch, mode)
     if mt.kernel_capability() == (9, 0):
         assert plan.describe()["fp8_copy"] == ("every-block" if kv_len == 2000 else "flagged")
     t = mt.to_torch(prob, DEV, torch.bfloat16)
