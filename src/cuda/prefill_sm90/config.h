@@ -115,12 +115,11 @@ inline constexpr long long kKvPartialBudgetBytes = 2ll << 30;
 // 512 MiB: M3-TP1 up to 262144 tokens of context (P-32K: 64 MiB).
 inline constexpr long long kFp8CopyBudgetBytes = 512ll << 20;
 // Plans of at most this many (block, KV head) pairs widen every block into the copy, beside the tile lists,
-// instead of the blocks the lists flag after them (fp8_copy.h): the lists' time (5-9 us) leaves the critical
-// path, and a block no query-major tile reads costs its bytes (96 KiB moved). M3-TP4 P-chunk (256 pairs; H200,
-// `bench/prefill.py --variants`): `shared` 141.4 -> 134.6 us (bf16 cache: 131.7), `clustered` 213.1 -> 208.0,
-// `random` (KV-major tiles: nothing flagged) 267.8 -> 268.6. M3-TP1 P-chunk (1024 pairs): `shared` 486.1 ->
-// 478.9 but `random` 914.3 -> 940.3 (24 us of needless bytes beside the KV-major kernels), so the flags serve
-// plans that large.
+// instead of the blocks the lists flag after them (fp8_copy.h); the KV-major kernel then reads the copy too. The
+// lists' time (5-9 us) leaves the critical path, and a block no tile reads costs its bytes (96 KiB moved). M3-TP4
+// P-chunk (256 pairs; H200, fp8 us): `shared` 141.4 -> 134.6 (bf16 cache: 131.6), `clustered` 213.1 -> 208.0,
+// `random` (KV-major tiles) 267.8-270.4 -> 262.0. M3-TP1 P-chunk (1024 pairs) is a trade: `random` 914.6 -> 922.6,
+// `clustered` 776.0 -> 761.0, `shared` 484.7 -> 475.6 (docs/prefill.md, "fp8 K/V"); plans that large keep the flags.
 inline constexpr int kCopyEveryBlockMaxItems = 512;
 // Bytes a copy flag holds (its kCopyFlagParts bytes, then padding): each flag its own L2 sector. Every
 // query-major tile sets the flag of each block of its union, so at `shared` selections thousands of tiles store
