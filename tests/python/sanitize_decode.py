@@ -111,7 +111,7 @@ def main():
     os.environ["MSA_PAGED_TOKEN_KERNEL"] = "0"  # the general kernel's two-level merge
     check("fp8 decode dense, general kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
     del os.environ["MSA_PAGED_TOKEN_KERNEL"]
-    # query-major on the plan's 16-bit copy (the widen kernel on every block beside the tile lists, or, past 512
+    # query-major on the plan's 16-bit copy (the widen kernel on every block beside the tile lists, or, past 1024
     # (block, KV head) pairs, on the blocks the lists flag) and on tiles widened in shared memory; KV-major
     for mode, qmajor_fp8 in (("qmajor", "auto"), ("qmajor", "tiles"), ("kvmajor", "auto")):
         os.environ["MSA_SM90_PREFILL"], os.environ["MSA_SM90_FP8_QMAJOR"] = mode, qmajor_fp8
@@ -121,7 +121,7 @@ def main():
     check("fp8 prefill sparse, auto: KV-major tiles on the copy", prob([70, 5, 130], [300, 5, 900], hkv=2, g=16),
           decode=False, fp8=True)
     os.environ["MSA_SM90_PREFILL"] = "qmajor"
-    check("fp8 prefill sparse, qmajor, flagged copy", prob([70, 130], [300, 33000], hkv=2, g=16, pattern="clustered"),
+    check("fp8 prefill sparse, qmajor, flagged copy", prob([70, 130], [300, 33000], hkv=4, g=16, pattern="clustered"),
           decode=False, fp8=True)
     del os.environ["MSA_SM90_PREFILL"]
     check("fp8 prefill dense, page 64 (paged family)", prob([40, 3], [250, 600], hkv=1, g=16, page_size=64,

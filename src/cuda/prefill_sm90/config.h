@@ -116,11 +116,13 @@ inline constexpr long long kKvPartialBudgetBytes = 2ll << 30;
 inline constexpr long long kFp8CopyBudgetBytes = 512ll << 20;
 // Plans of at most this many (block, KV head) pairs widen every block into the copy, beside the tile lists,
 // instead of the blocks the lists flag after them (fp8_copy.h); the KV-major kernel then reads the copy too. The
-// lists' time (5-9 us) leaves the critical path, and a block no tile reads costs its bytes (96 KiB moved). M3-TP4
-// P-chunk (256 pairs; H200, fp8 us): `shared` 141.4 -> 134.6 (bf16 cache: 131.6), `clustered` 213.1 -> 208.0,
-// `random` (KV-major tiles) 267.8-270.4 -> 262.0. M3-TP1 P-chunk (1024 pairs) is a trade: `random` 914.6 -> 922.6,
-// `clustered` 776.0 -> 761.0, `shared` 484.7 -> 475.6 (docs/prefill.md, "fp8 K/V"); plans that large keep the flags.
-inline constexpr int kCopyEveryBlockMaxItems = 512;
+// lists' time (5-9 us) leaves the critical path, and every block costs its bytes (96 KiB moved), read or not: a
+// gain that is fixed against a cost that grows with the pairs. H200, fp8 us, flags -> every block:
+// M3-TP4 P-chunk (256 pairs) `shared` 141.4 -> 134.6 (bf16 cache: 131.6), `clustered` 213.1 -> 208.0, `random`
+// 267.8-270.4 -> 262.0; M3-TP1 P-chunk (1024) `shared` 489.1 -> 479.5, `clustered` 772.4 -> 763.8, `random` 912.8
+// -> 918.4; M3-TP4 P-128K (1024) `shared` 269.0 -> 262.0, `clustered` 417.5 -> 405.0, `random` 493.3 -> 510.9;
+// M3-TP1 P-128K (4096) `shared` 963.1 -> 995.3, `random` 2093.8 -> 2109.9: past 1024 pairs the flags win.
+inline constexpr int kCopyEveryBlockMaxItems = 1024;
 // Bytes a copy flag holds (its kCopyFlagParts bytes, then padding): each flag its own L2 sector. Every
 // query-major tile sets the flag of each block of its union, so at `shared` selections thousands of tiles store
 // to the same few flags; byte flags (32 to a sector) serialized those stores (M3-TP1 P-chunk: tile lists 11.9 ->

@@ -388,35 +388,34 @@ def test_sm90_prefill_modes(rng, monkeypatch, mode, pattern, dtype, interleaved)
     check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, dtype, interleaved)
 
 
-@pytest.mark.parametrize("kv_len", [5000, 20000])
+@pytest.mark.parametrize("kv_len", [5000, 40000])
 @pytest.mark.parametrize("mode", ["qmajor", "qmajor-tiles"])
 def test_sm90_prefill_wide_tile_lists(rng, monkeypatch, mode, kv_len):
     """G = 4 and top-32: 1024 selections a tile, whose union the CTA form of the tile-list pass builds (and, with
-    the fp8 copy of 20000 tokens, flags); G < 8 has no KV-major path, so every tile is query-major."""
+    the fp8 copy of 40000 tokens, flags); G < 8 has no KV-major path, so every tile is query-major."""
     prob = problem(rng, [300, 70], [kv_len, 900], "random", heads=(16, 4), topk=32, page_size=128)
     check_prefill_fp8(plan_sm90(prob, monkeypatch, mode), prob, "bf16", True)
 
 
-@pytest.mark.parametrize("kv_len", [700, 10000, 16000, 20000])
+@pytest.mark.parametrize("kv_len", [700, 10000, 20000, 40000])
 def test_sm90_prefill_fp8_copy_unit_sizes(rng, monkeypatch, kv_len):
-    """The widen kernel's units: on 132 SMs (1056 CTAs) 4 KV heads x 10 / 83 / 129 / 161 blocks take quarters,
-    halves, halves and whole (block, KV head) pairs; up to 512 pairs every block is widened beside the tile lists,
-    above, the flagged ones after them, each unit its own bytes of the flag; a second run reads the flags the first
-    left."""
+    """The widen kernel's units: on 132 SMs (1056 CTAs) 4 KV heads x 10 / 83 / 161 / 317 blocks take quarters,
+    halves and whole (block, KV head) pairs; up to 1024 pairs every block is widened beside the tile lists, above,
+    the flagged ones after them, each unit its own bytes of the flag; a second run reads the flags the first left."""
     prob = problem(rng, [150, 40], [kv_len, 500], "shared", heads=(64, 4), topk=16, page_size=128)
     plan = plan_sm90(prob, monkeypatch, "qmajor")
     pairs = 4 * sum((n + 127) // 128 for n in (kv_len, 500))
     if mt.kernel_capability() == (9, 0):
-        assert plan.describe()["fp8_copy"] == ("every-block" if pairs <= 512 else "flagged")
+        assert plan.describe()["fp8_copy"] == ("every-block" if pairs <= 1024 else "flagged")
     for _ in range(2):
         check_prefill_fp8(plan, prob, "bf16", True)
 
 
-@pytest.mark.parametrize("kv_len", [2000, 20000])
+@pytest.mark.parametrize("kv_len", [2000, 40000])
 @pytest.mark.parametrize("mode", ["qmajor", "auto"])
 def test_sm90_prefill_fp8_copy_graph_replays(rng, monkeypatch, mode, kv_len):
     """The fp8 copy under a CUDA graph in both widen modes (2000: every block, beside the tile lists, the KV-major
-    tiles of `auto` reading the copy too; 20000: the flagged blocks, flags zeroed by the first eager run only, the
+    tiles of `auto` reading the copy too; 40000: the flagged blocks, flags zeroed by the first eager run only, the
     KV-major tiles on the fp8 pool): captured once, replayed while q, K/V, pages and selections change in place
     (clustered, shared, random in turn), outputs poisoned before each replay, every replay against the reference."""
     kw = dict(heads=(64, 4), topk=16, page_size=128)
