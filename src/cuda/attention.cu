@@ -1,7 +1,10 @@
 // The attention entry of the CUDA backend: builds a plan's per-family state and routes each run
 // to the Hopper prefill kernels when they apply; else a prefill with a KV-major path to the portable
 // prefill (its KV-major kernel beside the paged kernel); else to the paged (sm_80+) family.
+#include <string>
+
 #include "core/knobs.h"
+#include "cuda/decode/state.cuh"
 #include "cuda/runtime/device_buffer.cuh"
 #include "cuda/plan_state.h"
 #include "msa/error.h"
@@ -23,6 +26,7 @@ std::shared_ptr<PlanState> make_plan_state(const Plan& plan) {
   if (prefill && s->cc == 90 && portable == knobs::PortablePrefill::kAuto)
     s->sm90_prefill = prefill_sm90::make_prefill_state(plan, *s);
   s->paged = decode::make_state(plan, *s);
+  s->paged_fp8 = decode::make_fp8_dense_state(plan, *s, *s->paged);
   if (prefill && !s->sm90_prefill && portable != knobs::PortablePrefill::kQMajor)
     s->portable_prefill = prefill_portable::make_portable_state(plan, *s, *s->paged);
   return s;
@@ -35,6 +39,9 @@ std::string CudaPlanState::describe() const {
   if (sm90_prefill) out += " " + prefill_sm90::describe(*sm90_prefill);
   if (portable_prefill) out += " " + prefill_portable::describe(*portable_prefill);
   if (paged) out += " " + decode::describe(*paged);
+  if (paged_fp8)  // the state fp8 K/V take instead (decode/plan.cu, make_fp8_dense_state)
+    out += " fp8_paged=token fp8_splits=" + std::to_string(paged_fp8->splits) +
+           " fp8_cluster=" + std::to_string(paged_fp8->cluster_size);
   return out;
 }
 
@@ -51,7 +58,7 @@ void attention(const Plan& plan, const AttentionParams& p, void* stream) {
     prefill_portable::run_prefill(*s.portable_prefill, *s.paged, plan, p, st);
     return;
   }
-  decode::run(*s.paged, plan, p, st);
+  decode::run(p.kv_dtype == ScalarType::kF8E4M3 && s.paged_fp8 ? *s.paged_fp8 : *s.paged, plan, p, st);
 }
 
 }  // namespace msa::detail::cuda

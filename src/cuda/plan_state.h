@@ -23,6 +23,9 @@ struct CudaPlanState : PlanState {
   int sm_count = 0;
   int cc = 0;  // compute capability the kernels run as (compute_capability(): below the device's for older code)
   std::shared_ptr<decode::State> paged;
+  // fp8 K/V of dense decode plans that `paged` runs on the general kernel: the single-token kernel in several
+  // waves (decode/plan.cu, make_fp8_dense_state); null otherwise.
+  std::shared_ptr<decode::State> paged_fp8;
   std::shared_ptr<prefill_sm90::PrefillState> sm90_prefill;  // null when the Hopper kernels do not apply
   // Prefill plans the Hopper kernels do not take: the KV-major path beside the paged kernel; null when the
   // plan has none (dense, G < 8, ...): the paged kernel serves the whole plan.
@@ -33,6 +36,7 @@ struct CudaPlanState : PlanState {
 // Kernel-family entry points (each defined in its folder).
 namespace decode {
 std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev);
+std::shared_ptr<State> make_fp8_dense_state(const Plan& plan, const CudaPlanState& dev, const State& paged);
 // skip_items: prefill items the KV-major path computes (KernelParams::skip_items); null: none.
 void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_t stream,
          const int32_t* skip_items = nullptr);

@@ -108,6 +108,12 @@ def main():
     check("fp8 decode 4 tokens, G=4 union tile", prob([4, 3], [2000, 900], g=4, hkv=2, pattern="clustered"), fp8=True)
     check("fp8 decode dense, token kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
     check("decode dense, token kernel, two-level merge, MTP", prob([2, 1], [40000, 300], pattern=None))
+    # fp8 dense plans of more requests than one wave of splits holds (the bf16 cache's general kernel beside): one
+    # cluster of 8 splits per item at two CTAs a SM, and clusters of 16 over two parts past 512 blocks
+    short = [int(x) for x in rng.integers(0, 3000, 29)]
+    check("fp8 decode dense, token kernel in waves, one cluster", prob([1] * 30, [16500] + short, pattern=None),
+          fp8=True)
+    check("fp8 decode dense, token kernel in waves, parts", prob([1] * 8, [66000] + short[:7], pattern=None), fp8=True)
     os.environ["MSA_PAGED_TOKEN_KERNEL"] = "0"  # the general kernel's two-level merge
     check("fp8 decode dense, general kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
     del os.environ["MSA_PAGED_TOKEN_KERNEL"]

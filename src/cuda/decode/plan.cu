@@ -182,8 +182,13 @@ struct DenseSplits {
   int64_t splits = 0, cluster = 0;
   uint32_t smem = 0;
 };
+//
+// waves: the fp8 state of a plan whose splits do not fit one wave (make_fp8_dense_state): the fewest splits of at
+// most 32 blocks, in as many waves as they take. Up to 16 splits form one cluster of a power of two at 112.7 KB (two
+// CTAs per SM); more take clusters of 16 over parts at one CTA per SM, as above.
 template <typename ClustersFit>
-DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaPlanState& dev, const ClustersFit& fit) {
+DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaPlanState& dev, const ClustersFit& fit,
+                                    bool waves) {
   const SplitOptions& so = plan.split_options();
   if (dev.cc < 90 || so.fixed_split_blocks > 0) return {};
   const int64_t blocks = std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1);
@@ -203,6 +208,18 @@ DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaP
     while (n > 1 && fit(n, token_push_smem_bytes(static_cast<int>(n))) < items) --n;
     best = {n, n, n > 1 ? token_push_smem_bytes(static_cast<int>(n)) : kTokenSmemBytes};
   }
+  if (waves && best.splits < need) {
+    if (so.max_splits > 0 && so.max_splits < need) return {};
+    if (need <= kTokenMaxSplits) {
+      const int64_t n = std::bit_ceil(static_cast<uint64_t>(need));
+      best = {n, n, token_push_smem_bytes(static_cast<int>(n))};
+      if (fit(n, best.smem) < 1) return {};
+    } else {
+      const int64_t parts = ceil_div64(need, kTokenMaxSplits);
+      if (parts > kTokenMaxParts || fit(kTokenMaxSplits, kTokenSmemPushBytes) < 1) return {};
+      best = {parts * kTokenMaxSplits, kTokenMaxSplits, kTokenSmemPushBytes};
+    }
+  }
   return best.splits >= need ? best : DenseSplits{};
 }
 
@@ -212,8 +229,8 @@ DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaP
 // memory fit); and MTP plans of up to kTokenMaxQoLen tokens per request when the
 // general kernel would also take one token per tile (G > 8: 16 rows per token), one CTA (or cluster)
 // per token. Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns it off (core/knobs.h:
-// the general kernel).
-bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
+// the general kernel). dense_waves: a dense plan's splits may take several waves (plan_token_dense_splits).
+bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bool dense_waves = false) {
   const AttentionConfig& c = plan.config();
   if (!knobs::token_decode_kernel("msa.plan_decode")) return false;
   const int tq = std::max(plan.max_qo_len(), 1);
@@ -273,7 +290,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev) {
         fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(v.dtype, v.kv_dtype, true), kTokenThreads,
                                               smem, static_cast<int>(n)));
       return fit;
-    });
+    }, dense_waves);
     if (d.splits == 0) return false;
     splits = d.splits;
     cluster = static_cast<int>(d.cluster);
@@ -554,6 +571,19 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
     st->counters = DeviceBuffer(static_cast<size_t>(items) * sizeof(uint32_t));
   }
   return st;
+}
+
+// fp8 K/V of a dense decode plan the single-token kernel takes only in several waves (more requests than one wave
+// of splits of <= 32 blocks holds): the general kernel widens each tile in its 4 warps, one CTA per 16-row tile,
+// and reads fp8 at 0.41-0.66 of the copy ceiling, where the single-token kernel's fp8 loop streams it at 0.92-1.05
+// (H200, D-B64-fp8 dense, 65536 tokens: M3-TP1 1582 -> 991 us, M3-TP4 635 -> 282 us, one cluster of 16 splits per
+// item). A bf16 cache stays on the general kernel, which streams it at the copy rate (the same splits: M3-TP1 1946
+// -> 1906 us, M3-TP4 494 -> 515 us).
+std::shared_ptr<State> make_fp8_dense_state(const Plan& plan, const CudaPlanState& dev, const State& paged) {
+  if (plan.phase() != Phase::kDecode || plan.config().topk != 0 || paged.token_kernel || !paged.unsupported.empty())
+    return nullptr;
+  auto st = std::make_shared<State>();
+  return plan_token_kernel(*st, plan, dev, /*dense_waves=*/true) ? st : nullptr;
 }
 
 }  // namespace msa::detail::cuda::decode

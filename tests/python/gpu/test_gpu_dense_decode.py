@@ -157,3 +157,76 @@ def test_two_level_merge_under_a_graph(rng, kernel, fp8):
         graph.replay()
         torch.cuda.synchronize()
         mt.assert_close(out.float().cpu().numpy(), o_ref, what=f"kv_len {n}")
+
+
+# More requests than one wave of splits of <= 32 blocks holds: (query heads, KV heads), kv_lens, fp8 splits and
+# cluster on 132 SMs. bf16 K/V keep the general kernel; fp8 K/V take the single-token kernel in several waves.
+WAVES = {
+    "tp4_one_cluster": ((16, 1), [20000, 0, 1, 129, 4097] + [500 + 211 * i for i in range(25)], 8, 8),
+    "tp1_cluster_of_16": ((64, 4), [65536, 127, 128, 40000, 3000], 16, 16),
+    "tp4_parts": ((16, 1), [70000, 65537, 5, 1, 300, 4096, 128, 20000], 32, 16),
+}
+
+
+def waves_plan(case):
+    heads, kv, splits, cluster = WAVES[case]
+    plan = plan_for(len(kv), max(kv), *heads)
+    if mt.kernel_capability() == (9, 0) and torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        d = plan.describe()
+        assert d.get("paged") == "general" and d.get("fp8_paged") == "token", d
+        assert (d.get("fp8_splits"), d.get("fp8_cluster")) == (str(splits), str(cluster)), d
+    return plan
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("case", list(WAVES))
+def test_fp8_dense_decode_in_waves(rng, case, interleaved):
+    """fp8 K/V of a dense plan of many requests: one cluster of a power of two splits per item (two CTAs a SM), or
+    clusters of 16 merged again through the workspace past 512 blocks, in as many waves as they take; the plan's
+    bf16 runs stay on the general kernel. Ragged and empty requests, both pool layouts, lse, outputs poisoned."""
+    heads, kv = WAVES[case][:2]
+    prob = mt.make_problem(rng, qo_lens=[1] * len(kv), kv_lens=kv, num_qo_heads=heads[0], num_kv_heads=heads[1],
+                           head_dim=128, page_size=128, topk=0, pattern=None)
+    plan = waves_plan(case)
+    run(plan, prob, True, interleaved)
+    run(plan, prob, False)
+
+
+@pytest.mark.parametrize("case", ["tp4_one_cluster", "tp4_parts"])
+def test_fp8_dense_waves_under_a_graph(rng, case):
+    """The fp8 waves plan captured once, 6 replays with every length, q and K/V changing in place."""
+    heads, kv_max = WAVES[case][0], WAVES[case][1]
+    B, HQ, HKV, MAX_KV = len(kv_max), heads[0], heads[1], max(WAVES[case][1])
+    plan = waves_plan(case)
+    width = MAX_KV // 128 + 4
+    k = torch.zeros(B * width, HKV, 128, 128, device=DEV, dtype=torch.float8_e4m3fn)
+    v = torch.zeros_like(k)
+    q = torch.zeros(B, HQ, 128, device=DEV, dtype=torch.bfloat16)
+    table = torch.full((B, width), -1, device=DEV, dtype=torch.int32)
+    qo_indptr = torch.arange(B + 1, device=DEV, dtype=torch.int32)
+    kv_lens = torch.ones(B, device=DEV, dtype=torch.int32)
+    out = torch.full((B, HQ, 128), float("nan"), device=DEV, dtype=torch.bfloat16)
+
+    def step():
+        msa.attention(plan, q, k, v, table, qo_indptr, kv_lens, out=out, k_scale=K_SCALE, v_scale=V_SCALE)
+        return out
+
+    graph, _ = mt.capture_graph(step)
+    for it in range(6):
+        lens = [int(x) for x in rng.integers(0, MAX_KV + 1, B)]
+        lens[it % B] = MAX_KV
+        prob = mt.make_problem(rng, qo_lens=[1] * B, kv_lens=lens, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=128,
+                               page_size=128, topk=0, pattern=None)
+        t = mt.to_torch(prob, DEV, torch.bfloat16)
+        k8, v8, kd, vd = mt.fp8_kv(prob, K_SCALE, V_SCALE)
+        npg = k8.shape[0]
+        k[:npg].copy_(to_device_fp8(k8))
+        v[:npg].copy_(to_device_fp8(v8))
+        q.copy_(t["q"])
+        table.fill_(-1)
+        table[:, :t["page_table"].shape[1]].copy_(t["page_table"])
+        kv_lens.copy_(t["kv_lens"])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        mt.assert_close(out.float().cpu().numpy(), mt.scaled_reference(prob, kd, vd)[0], what=f"replay {it}")
