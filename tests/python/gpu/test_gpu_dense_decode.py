@@ -4,7 +4,8 @@ and then through the workspace, one counter per cluster rank (plan.describe() sa
 (MSA_PAGED_TOKEN_KERNEL=0) merges in clusters of 16 and then through the workspace (merge=cluster+workspace).
 Both against the float64 reference: bf16 and fp8 K/V (two pools and the halves of one interleaved pool), lse
 included, outputs poisoned, ragged and empty requests, MTP, non-causal; and under a CUDA graph replayed with
-the lengths changing (the arrival counters reset themselves).
+the lengths changing (the arrival counters reset themselves). Plans of more requests than one wave of splits holds:
+bf16 K/V on the general kernel, fp8 K/V on the single-token kernel in several waves (plan.describe(): fp8_paged).
 
     PYTHONPATH=build/python:tests/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_dense_decode.py
 """
