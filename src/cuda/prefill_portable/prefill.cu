@@ -9,7 +9,7 @@
 //   memset, rank, scan, fill     the KV-major key lists and work items                      (prefill_sm90)
 //   per window: KV-major kernel (kernel.cuh), LSE merge                                      (prefill_sm90)
 // The two paths write disjoint rows of o / lse. They run one after the other here; the Hopper family runs
-// its KV-major chain on a side stream beside the query-major kernel (docs/prefill_portable.md, "To measure").
+// its KV-major chain on a side stream beside the query-major kernel (docs/prefill_portable.md, "What is left").
 #include <algorithm>
 #include <bit>
 #include <cmath>
