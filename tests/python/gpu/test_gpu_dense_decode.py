@@ -113,20 +113,18 @@ def test_dense_decode_cases(rng, kernel, case):
     run(plan, prob, fp8, interleaved)
 
 
-@pytest.mark.parametrize("fp8", [False, True])
-def test_two_level_merge_under_a_graph(rng, kernel, fp8):
-    """One plan captured once; 12 replays with the length changing (some steps shorter than one cluster's share)."""
-    B, HQ, HKV, MAX_KV = 1, 16, 1, 65536
-    plan = plan_for(B, MAX_KV, HQ, HKV)
-    if mt.kernel_capability() >= (9, 0):
-        assert plan.describe().get("merge") == expected_merge(kernel), plan.describe()
-    pages = MAX_KV // 128 + 4
+def check_graph_replays(plan, heads, max_kv, fp8, length_sets, rng):
+    """Captures one call of `plan` over buffers sized for len(length_sets[0]) requests of up to max_kv tokens, then
+    per set of lengths rewrites q, K/V, the page table and the lengths in place, poisons the output, replays and
+    checks against the reference."""
+    B, (HQ, HKV) = len(length_sets[0]), heads
+    width = max_kv // 128 + 4
     kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     scales = dict(k_scale=K_SCALE, v_scale=V_SCALE) if fp8 else {}
     q = torch.zeros(B, HQ, 128, device=DEV, dtype=torch.bfloat16)
-    k = torch.zeros(pages, HKV, 128, 128, device=DEV, dtype=kv_dtype)
+    k = torch.zeros(B * width, HKV, 128, 128, device=DEV, dtype=kv_dtype)
     v = torch.zeros_like(k)
-    table = torch.full((B, MAX_KV // 128 + 4), -1, device=DEV, dtype=torch.int32)
+    table = torch.full((B, width), -1, device=DEV, dtype=torch.int32)
     qo_indptr = torch.arange(B + 1, device=DEV, dtype=torch.int32)
     kv_lens = torch.ones(B, device=DEV, dtype=torch.int32)
     out = torch.full((B, HQ, 128), float("nan"), device=DEV, dtype=torch.bfloat16)
@@ -136,8 +134,8 @@ def test_two_level_merge_under_a_graph(rng, kernel, fp8):
         return out
 
     graph, _ = mt.capture_graph(step)
-    for n in [65536, 1, 300, 4096, 65535, 129, 20000, 2, 65536, 777, 50000, 128]:
-        prob = mt.make_problem(rng, qo_lens=[1], kv_lens=[n], num_qo_heads=HQ, num_kv_heads=HKV, head_dim=128,
+    for lens in length_sets:
+        prob = mt.make_problem(rng, qo_lens=[1] * B, kv_lens=lens, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=128,
                                page_size=128, topk=0, pattern=None)
         t = mt.to_torch(prob, DEV, torch.bfloat16)
         npg = t["k_cache"].shape[0]
@@ -157,7 +155,17 @@ def test_two_level_merge_under_a_graph(rng, kernel, fp8):
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        mt.assert_close(out.float().cpu().numpy(), o_ref, what=f"kv_len {n}")
+        mt.assert_close(out.float().cpu().numpy(), o_ref, what=f"kv_lens {lens[:4]}")
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_two_level_merge_under_a_graph(rng, kernel, fp8):
+    """One plan captured once; 12 replays with the length changing (some steps shorter than one cluster's share)."""
+    plan = plan_for(1, 65536, 16, 1)
+    if mt.kernel_capability() >= (9, 0):
+        assert plan.describe().get("merge") == expected_merge(kernel), plan.describe()
+    lengths = [65536, 1, 300, 4096, 65535, 129, 20000, 2, 65536, 777, 50000, 128]
+    check_graph_replays(plan, (16, 1), 65536, fp8, [[n] for n in lengths], rng)
 
 
 # More requests than one wave of splits of <= 32 blocks holds: (query heads, KV heads), kv_lens, fp8 splits and
@@ -196,38 +204,11 @@ def test_fp8_dense_decode_in_waves(rng, case, interleaved):
 @pytest.mark.parametrize("case", ["tp4_one_cluster", "tp4_parts"])
 def test_fp8_dense_waves_under_a_graph(rng, case):
     """The fp8 waves plan captured once, 6 replays with every length, q and K/V changing in place."""
-    heads, kv_max = WAVES[case][0], WAVES[case][1]
-    B, HQ, HKV, MAX_KV = len(kv_max), heads[0], heads[1], max(WAVES[case][1])
-    plan = waves_plan(case)
-    width = MAX_KV // 128 + 4
-    k = torch.zeros(B * width, HKV, 128, 128, device=DEV, dtype=torch.float8_e4m3fn)
-    v = torch.zeros_like(k)
-    q = torch.zeros(B, HQ, 128, device=DEV, dtype=torch.bfloat16)
-    table = torch.full((B, width), -1, device=DEV, dtype=torch.int32)
-    qo_indptr = torch.arange(B + 1, device=DEV, dtype=torch.int32)
-    kv_lens = torch.ones(B, device=DEV, dtype=torch.int32)
-    out = torch.full((B, HQ, 128), float("nan"), device=DEV, dtype=torch.bfloat16)
-
-    def step():
-        msa.attention(plan, q, k, v, table, qo_indptr, kv_lens, out=out, k_scale=K_SCALE, v_scale=V_SCALE)
-        return out
-
-    graph, _ = mt.capture_graph(step)
+    heads, kv = WAVES[case][:2]
+    B, max_kv = len(kv), max(kv)
+    length_sets = []
     for it in range(6):
-        lens = [int(x) for x in rng.integers(0, MAX_KV + 1, B)]
-        lens[it % B] = MAX_KV
-        prob = mt.make_problem(rng, qo_lens=[1] * B, kv_lens=lens, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=128,
-                               page_size=128, topk=0, pattern=None)
-        t = mt.to_torch(prob, DEV, torch.bfloat16)
-        k8, v8, kd, vd = mt.fp8_kv(prob, K_SCALE, V_SCALE)
-        npg = k8.shape[0]
-        k[:npg].copy_(to_device_fp8(k8))
-        v[:npg].copy_(to_device_fp8(v8))
-        q.copy_(t["q"])
-        table.fill_(-1)
-        table[:, :t["page_table"].shape[1]].copy_(t["page_table"])
-        kv_lens.copy_(t["kv_lens"])
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        mt.assert_close(out.float().cpu().numpy(), mt.scaled_reference(prob, kd, vd)[0], what=f"replay {it}")
+        lens = [int(x) for x in rng.integers(0, max_kv + 1, B)]
+        lens[it % B] = max_kv
+        length_sets.append(lens)
+    check_graph_replays(waves_plan(case), heads, max_kv, True, length_sets, rng)
