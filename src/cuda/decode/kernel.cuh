@@ -660,16 +660,16 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
     float l = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < kWK; ++w) {
-      const float mw = em[w * ROWS + r];
-      if (mw == -INFINITY) continue;
+      const float mw = em[w * ROWS + r], lw = el[w * ROWS + r];
+      if (mw == -INFINITY && lw == 0.f) continue;  // no key; a group whose only keys were NaN has lw NaN: kept
       const float wt = mw == m ? 1.f : arch::exp2_approx(mw - m);
-      l += wt * el[w * ROWS + r];
+      l += wt * lw;
       const float4 a = *reinterpret_cast<const float4*>(eo + (w * ROWS + r) * kEpi + c * 8);
       const float4 z = *reinterpret_cast<const float4*>(eo + (w * ROWS + r) * kEpi + c * 8 + 4);
       acc[0] += wt * a.x, acc[1] += wt * a.y, acc[2] += wt * a.z, acc[3] += wt * a.w;
       acc[4] += wt * z.x, acc[5] += wt * z.y, acc[6] += wt * z.z, acc[7] += wt * z.w;
     }
-    float lse = -INFINITY;
+    float lse = l == 0.f ? -INFINITY : l;  // l NaN (a NaN or Inf key): lse NaN, which the split merges pass on
     if (l > 0.f) {
       // V's dequantization scale (1: the bits of 1 / l), and for fp8 tiles the factor they are short of.
       const float inv = 1.f / l * (kF8 ? p.v_scale * arch::e4m3_f16_unscale() : p.v_scale);

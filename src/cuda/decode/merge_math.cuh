@@ -43,10 +43,12 @@ __device__ __forceinline__ float merge_inv(float sum) { return __fdividef(1.f, s
 __device__ __forceinline__ float merge_log(float sum) { return __logf(sum); }
 
 // A tile loop's row at its end, from its exp2-domain maximum m and sum l: 1 / l times the output scale, and its lse
-// (natural log). A row that saw no key (l = 0; or l NaN) gets 0 and -inf. l >= 1 when seen (the running max's key
-// adds exp2(0) = 1), so MUFU.RCP / MUFU.LG2 are within 2 ulp and the IEEE paths' range checks and slow-path calls
-// are left out. The single-token kernel's 16-bit and fp8 tails both take these (the same bits).
+// (natural log). A row that saw no key (l = 0) gets 0 and -inf. A row that met a NaN or an Inf among its keys has
+// l NaN: its lse is NaN, so that every merge of its splits weighs it NaN and the merged row is NaN, as the reference
+// is (with -inf there a merge would drop the split and return the other splits' finite rows). l >= 1 when seen (the
+// running max's key adds exp2(0) = 1), so MUFU.RCP / MUFU.LG2 are within 2 ulp and the IEEE paths' range checks and
+// slow-path calls are left out. The single-token kernel's 16-bit and fp8 tails both take these (the same bits).
 __device__ __forceinline__ float row_out_scale(float l, float scale) { return l > 0.f ? __fdividef(1.f, l) * scale : 0.f; }
-__device__ __forceinline__ float row_lse(float m, float l) { return l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY; }
+__device__ __forceinline__ float row_lse(float m, float l) { return l == 0.f ? -INFINITY : (m + __log2f(l)) * kLn2; }
 
 }  // namespace msa::detail::cuda::decode

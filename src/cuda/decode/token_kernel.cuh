@@ -93,11 +93,13 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
     // The max by a butterfly over the lanes (lane s: split s) instead of a fold in split order: the
     // same value whenever no lse is NaN (max picks one of its inputs; -inf is the identity; a +0 / -0
     // tie gives weight 1 and the same lse either way); a NaN lse makes its weight, the sum and so
-    // the row NaN with either max.
+    // the row NaN with either max. fmaxf passes over a NaN, so a NaN lse sets the max to NaN itself: with every
+    // other split empty the max would stay -inf and the row would be written as one that saw no key.
     const float ls = lane < S ? recv_lse[lane * rows_per_split + jj] : -INFINITY;
     float m = ls;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (__any_sync(0xffffffffu, ls != ls)) m = __int_as_float(0x7fffffff);
     if (lane < kMaxClusterSplits) {
       const float w = lse_weight_eager(ls, m);
       merge_w[jj * kTokenMergeWStride + lane] = ls == -INFINITY ? 0.f : w;

@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
                               arch::pack2<T>(o[4 * m + 1][2 * j] * inv, o[4 * m + 1][2 * j + 1] * inv),
                               arch::pack2<T>(o[4 * m + 2][2 * j] * inv, o[4 * m + 2][2 * j + 1] * inv),
                               arch::pack2<T>(o[4 * m + 3][2 * j] * inv, o[4 * m + 3][2 * j + 1] * inv));
-        if ((lane & 3) == 0) L.part_lse[prow] = l[j] > 0.f ? base[j] + arch::log2_approx(l[j]) : -INFINITY;
+        if ((lane & 3) == 0) L.part_lse[prow] = l[j] == 0.f ? -INFINITY : base[j] + arch::log2_approx(l[j]);
       }
       if (claiming && lane == 0) claim_record(rec[far]);  // visible to all after the next item's first barrier
       if constexpr (KV_STAGES == 1) {

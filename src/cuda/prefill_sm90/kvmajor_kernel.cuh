@@ -360,7 +360,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
       for (int h = 0; h < 2; ++h)
         if (jb.entry[h] >= 0)
           part_lse[static_cast<int64_t>(jb.entry[h]) * group + head_in_group[h]] =
-              l[h] > 0.f ? m[h] + arch::log2_approx(l[h]) : -INFINITY;
+              l[h] == 0.f ? -INFINITY : m[h] + arch::log2_approx(l[h]);  // NaN l (a NaN / Inf key): NaN
     }
   };
 

@@ -444,7 +444,7 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
     }
     if (p.lse != nullptr && sub == 0)
       p.lse[tok * p.lse_stride_token + hq * p.lse_stride_head] =
-          wsum > 0.f ? (base + log2f(wsum)) * 0.69314718055994531f : -INFINITY;
+          wsum == 0.f ? -INFINITY : (base + log2f(wsum)) * 0.69314718055994531f;
   }
 }
 

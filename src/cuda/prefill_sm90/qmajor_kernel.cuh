@@ -463,7 +463,7 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
             arch::pack2<Elem>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
       if (p.lse != nullptr && t == 0)
         p.lse[tok * p.lse_stride_token + head * p.lse_stride_head] =
-            l[h] > 0.f ? (m[h] + arch::log2_approx(l[h])) * 0.69314718055994531f : -INFINITY;
+            l[h] == 0.f ? -INFINITY : (m[h] + arch::log2_approx(l[h])) * 0.69314718055994531f;
     }
   };
   auto reset = [&] {

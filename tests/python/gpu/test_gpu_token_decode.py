@@ -202,9 +202,9 @@ def test_fp8_nan_bytes(rng):
     """e4m3's NaN bytes (0x7F / 0xFF) in the cache under the single-token kernel, which below sm_89 code widens a
     tile's bytes without the per-word NaN step and fixes its words only when their largest magnitude shows the NaN
     encoding: o NaN exactly where the float64 reference over the dequantized values has it (a K byte: every head of
-    its KV group for that token; a V byte: that dim of the group's heads), the rest within tolerance; lse of the
-    rows without a NaN as the reference's (the contract leaves the lse of a row that meets a NaN open: the kernel
-    gives -inf there, the reference NaN). Items for every SM: the single-token kernel on any build."""
+    its KV group for that token; a V byte: that dim of the group's heads), the rest within tolerance; lse NaN
+    where the reference's is (the K byte's rows), the others as the reference's. Items for every SM: the
+    single-token kernel unsplit on any build (tests/python/gpu/test_gpu_non_finite.py: split plans)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     hkv = 4
     batch = -(-sms // hkv)
@@ -236,5 +236,6 @@ def test_fp8_nan_bytes(rng):
     nan_o, nan_l = np.isnan(o_ref), np.isnan(lse_ref)
     assert nan_o[rk, 16:32].all() and nan_o[rv, 32:48, 33].all() and nan_l[rk, 16:32].all(), "the NaN bytes reach"
     np.testing.assert_array_equal(np.isnan(o), nan_o)
+    np.testing.assert_array_equal(np.isnan(l), nan_l)
     mt.assert_close(np.where(nan_o, 0.0, o), np.where(nan_o, 0.0, o_ref))
     mt.assert_lse_close(l[~nan_l], lse_ref[~nan_l])
