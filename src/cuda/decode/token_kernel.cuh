@@ -93,13 +93,12 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
     // The max by a butterfly over the lanes (lane s: split s) instead of a fold in split order: the
     // same value whenever no lse is NaN (max picks one of its inputs; -inf is the identity; a +0 / -0
     // tie gives weight 1 and the same lse either way); a NaN lse makes its weight, the sum and so
-    // the row NaN with either max. fmaxf passes over a NaN, so a NaN lse sets the max to NaN itself: with every
-    // other split empty the max would stay -inf and the row would be written as one that saw no key.
+    // the row NaN with either max. fmaxf passes over a NaN: where every other split is empty the max stays -inf,
+    // and (B) finds the NaN split by its weight, exp2(NaN) (a vote for a NaN max here cost D-B1 0.12 us).
     const float ls = lane < S ? recv_lse[lane * rows_per_split + jj] : -INFINITY;
     float m = ls;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (__any_sync(0xffffffffu, ls != ls)) m = __int_as_float(0x7fffffff);
     if (lane < kMaxClusterSplits) {
       const float w = lse_weight_eager(ls, m);
       merge_w[jj * kTokenMergeWStride + lane] = ls == -INFINITY ? 0.f : w;
@@ -143,6 +142,13 @@ __device__ __forceinline__ void push_merge_receive(const float* recv_o, const fl
 #pragma unroll
       for (int e = 0; e < W; ++e) acc[e] *= inv;
       lse = m + merge_log(sum);
+    } else {  // no split with a finite lse: 0 and -inf, or NaN where a split met a NaN (its weight is NaN)
+      float nan = 0.f;
+#pragma unroll
+      for (int s = 0; s < kSplitSteps; ++s) nan += wrow[s];
+#pragma unroll
+      for (int e = 0; e < W; ++e) acc[e] = nan;
+      if (nan != 0.f) lse = nan;
     }
     emit(r, c * W, acc, lse);
   }
