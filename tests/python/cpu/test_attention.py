@@ -67,6 +67,28 @@ def test_empty_rows_give_zero_and_neg_inf(rng):
     assert not np.isnan(o).any() and not np.isnan(lse).any()
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_non_finite_key_reaches_the_rows_that_see_it(rng, value):
+    """A NaN key, or an Inf one (which makes a NaN where q's element is positive), makes NaN exactly the rows
+    (o and lse) that the float64 reference makes NaN: the rows that see the key; every other row as the reference."""
+    prob = mt.make_problem(rng, qo_lens=[30, 20], kv_lens=[400, 300], num_qo_heads=4, num_kv_heads=2, head_dim=64,
+                           topk=3)
+    pos, req = prob.positions(), prob.request_of_token()
+    for t in (5, 29, 40):
+        keys = mt.visible_keys(prob, t, 1, int(req[t]), int(pos[t]))
+        key = int(keys[-1])
+        page = prob.page_table[int(req[t]), key // prob.page_size]
+        prob.k_cache[page, 1, key % prob.page_size, 7] = value
+    o, lse = run(prob)
+    o_ref, lse_ref = mt.ref_attention(prob)
+    nan_o, nan_l = np.isnan(o_ref), np.isnan(lse_ref)
+    assert nan_l.any() and not nan_l.all()
+    np.testing.assert_array_equal(np.isnan(o), nan_o)
+    np.testing.assert_array_equal(np.isnan(lse), nan_l)
+    mt.assert_close(np.where(nan_o, 0.0, o), np.where(nan_o, 0.0, o_ref))
+    mt.assert_lse_close(lse[~nan_l], lse_ref[~nan_l])
+
+
 def test_all_slots_empty_and_zero_query_requests(rng):
     prob = mt.make_problem(rng, qo_lens=[0, 3, 0], kv_lens=[100, 260, 0], num_qo_heads=2, num_kv_heads=1,
                            head_dim=64, topk=2)
