@@ -210,14 +210,22 @@ def visible_keys(prob: Problem, t: int, g: int, b: int, p: int) -> np.ndarray:
     return np.concatenate(keys) if keys else np.zeros(0, np.int64)
 
 
+def page_row(prob: Problem, b: int) -> np.ndarray:
+    """Request b's page ids (either page-table form)."""
+    if prob.page_indptr is not None:
+        return prob.page_table[prob.page_indptr[b]:prob.page_indptr[b + 1]]
+    return prob.page_table[b]
+
+
+def cache_slot(prob: Problem, b: int, key: int) -> tuple[int, int]:
+    """(page, slot) of request b's logical key in the pool: k_cache[page, g, slot] holds it."""
+    return int(page_row(prob, b)[key // prob.page_size]), key % prob.page_size
+
+
 def gather_kv(prob: Problem, b: int, g: int, keys: np.ndarray):
     """K and V rows (float64) of request b, KV head g at the given logical key indices."""
     P = prob.page_size
-    if prob.page_indptr is not None:
-        row = prob.page_table[prob.page_indptr[b]:prob.page_indptr[b + 1]]
-    else:
-        row = prob.page_table[b]
-    pages = row[keys // P]
+    pages = page_row(prob, b)[keys // P]
     off = keys % P
     return (prob.k_cache[pages, g, off].astype(np.float64), prob.v_cache[pages, g, off].astype(np.float64))
 

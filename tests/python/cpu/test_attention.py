@@ -77,8 +77,8 @@ def test_non_finite_key_reaches_the_rows_that_see_it(rng, value):
     for t in (5, 29, 40):
         keys = mt.visible_keys(prob, t, 1, int(req[t]), int(pos[t]))
         key = int(keys[-1])
-        page = prob.page_table[int(req[t]), key // prob.page_size]
-        prob.k_cache[page, 1, key % prob.page_size, 7] = value
+        page, slot = mt.cache_slot(prob, int(req[t]), key)
+        prob.k_cache[page, 1, slot, 7] = value
     o, lse = run(prob)
     o_ref, lse_ref = mt.ref_attention(prob)
     nan_o, nan_l = np.isnan(o_ref), np.isnan(lse_ref)

@@ -21,7 +21,7 @@ BLOCK = 128
 
 
 def seen_keys(prob, count, rng, lone=False):
-    """(token, KV head, key) for `count` tokens spread over the batch, each a key the token sees; lone: the
+    """(request, KV head, key) for `count` tokens spread over the batch, each a key the token sees; lone: the
     token's selection row keeps only that key's block (its other slots -1), so the key's split is the row's
     only non-empty one."""
     pos, req = prob.positions(), prob.request_of_token()
@@ -36,15 +36,9 @@ def seen_keys(prob, count, rng, lone=False):
             row = prob.block_idx[t, g]
             row[:] = -1
             row[rng.integers(len(row))] = key // BLOCK
-        picks.append((int(t), g, key))
+        picks.append((int(req[t]), g, key))
     assert picks, "no token sees a key"
     return picks
-
-
-def cache_slot(prob, t, key):
-    """(page, slot) of request(t)'s logical key in the pool (plain layout, [B, pages] table)."""
-    b = int(prob.request_of_token()[t])
-    return int(prob.page_table[b, key // prob.page_size]), key % prob.page_size
 
 
 def check_non_finite(o, lse, o_ref, lse_ref):
@@ -74,8 +68,8 @@ def test_decode_bf16(rng, monkeypatch, case, lone, value):
     kv, hkv, pattern, token = DECODE[case]
     monkeypatch.setenv("MSA_PAGED_TOKEN_KERNEL", token)
     prob = problem(rng, [1] * len(kv), kv, num_kv_heads=hkv, pattern=pattern)
-    for t, g, key in seen_keys(prob, 3, rng, lone):
-        page, slot = cache_slot(prob, t, key)
+    for b, g, key in seen_keys(prob, 3, rng, lone):
+        page, slot = mt.cache_slot(prob, b, key)
         prob.k_cache[page, g, slot, int(rng.integers(prob.head_dim))] = value
     o, lse = run_gpu(plan_for(prob, max_qo_len=1), prob)
     check_non_finite(o, lse, *mt.ref_attention(prob))
@@ -88,8 +82,8 @@ def test_decode_fp8(rng, case, lone, byte):
     prob = problem(rng, [1] * len(kv), kv, num_kv_heads=hkv, pattern=pattern)
     picks = seen_keys(prob, 3, rng, lone)
     k8, v8, _, _ = mt.fp8_kv(prob, K_SCALE, V_SCALE)
-    for t, g, key in picks:
-        page, slot = cache_slot(prob, t, key)
+    for b, g, key in picks:
+        page, slot = mt.cache_slot(prob, b, key)
         k8.view(np.uint8)[page, g, slot, int(rng.integers(prob.head_dim))] = byte
     kd, vd = k8.astype(np.float64) * K_SCALE, v8.astype(np.float64) * V_SCALE
     out, lse = call(plan_for(prob, max_qo_len=1), prob, mt.to_torch(prob, "cuda", torch.bfloat16),
@@ -116,8 +110,8 @@ def test_prefill(rng, monkeypatch, case, value):
     if case.startswith("sm90") and mt.kernel_capability() != (9, 0):
         pytest.skip("the Hopper prefill kernels run on sm_90 code only")
     prob = problem(rng, [300, 64, 129], [3000, 900, 2000], pattern="random", topk=16)
-    for t, g, key in seen_keys(prob, 6, rng):
-        page, slot = cache_slot(prob, t, key)
+    for b, g, key in seen_keys(prob, 6, rng):
+        page, slot = mt.cache_slot(prob, b, key)
         prob.k_cache[page, g, slot, int(rng.integers(prob.head_dim))] = value
     o, lse = run_gpu(plan_for(prob, decode=False), prob)
     check_non_finite(o, lse, *mt.ref_attention(prob))
