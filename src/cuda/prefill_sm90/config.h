@@ -123,14 +123,9 @@ inline constexpr long long kFp8CopyBudgetBytes = 512ll << 20;
 // -> 918.4; M3-TP4 P-128K (1024) `shared` 269.0 -> 262.0, `clustered` 417.5 -> 405.0, `random` 493.3 -> 510.9;
 // M3-TP1 P-128K (4096) `shared` 963.1 -> 995.3, `random` 2093.8 -> 2109.9: past 1024 pairs the flags win.
 inline constexpr int kCopyEveryBlockMaxItems = 1024;
-// Bytes a copy flag holds (its kCopyFlagParts bytes, then padding): each flag its own L2 sector. Every
-// query-major tile sets the flag of each block of its union, so at `shared` selections thousands of tiles store
-// to the same few flags; byte flags (32 to a sector) serialized those stores (M3-TP1 P-chunk: tile lists 11.9 ->
-// 9.0 us).
+// Bytes between two copy flags (each a byte, then padding): each flag its own L2 sector. Every query-major tile
+// sets the flag of each block of its union, so at `shared` selections thousands of tiles store to the same few
+// flags; byte flags packed 32 to a sector serialized those stores (M3-TP1 P-chunk: tile lists 11.9 -> 9.0 us).
 inline constexpr int kCopyFlagBytes = 32;
-// A flag's first kCopyFlagParts bytes: one per quarter of its (block, KV head), 64 rows of K or of V, the widen
-// kernel's smallest unit of work. The tile lists set all four at once (one 4-byte store); a unit (a quarter, a half
-// or the whole pair) clears only its own bytes, so none clears a byte another unit has yet to read.
-inline constexpr int kCopyFlagParts = 4;
 
 }  // namespace msa::detail::cuda::prefill_sm90

@@ -16,10 +16,13 @@ namespace msa::detail::cuda::prefill_sm90 {
 
 namespace {
 
-// A CTA per flagged unit at a time: a whole (copy page, KV head), its K or its V, or a quarter (64 rows of K or
-// of V), whichever is the smallest that still gives every CTA of the grid a unit (Fp8CopyParams::unit_parts): a
-// plan of few blocks (M3-TP4 P-chunk: 256) then still puts several CTAs on every SM, all their loads in flight at
-// once, and a plan of many (M3-TP1 P-chunk: 1024) keeps 16 loads a thread in flight per round trip. 128 threads:
+// A CTA per unit at a time. Without flags (every block widened) a unit is a whole (copy page, KV head), its K or
+// its V, or a quarter (64 rows of K or of V), whichever is the smallest that still gives every CTA of the grid a
+// unit (Fp8CopyParams::unit_parts): a plan of few blocks (M3-TP4 P-chunk: 256) then still puts several CTAs on
+// every SM, all their loads in flight at once, and a plan of many (M3-TP1 P-chunk: 1024) keeps 16 loads a thread
+// in flight per round trip. With flags a unit is a whole pair, so that its one flag byte has one reader: a
+// flagged plan holds more than kCopyEveryBlockMaxItems pairs, a whole pair per CTA of the grid already on parts
+// of up to 256 SMs. 128 threads:
 // thread t moves 8 bytes (8 values) of rows t / 16 + 8 i; 16 lanes read a 128-byte fp8 row and write its 256-byte
 // 16-bit row, so each warp store fills whole sectors. The stores are explicit 16-byte ones (__stcg): plain uint4
 // assignments compiled to four 4-byte stores here, each filling a quarter of its sectors, and 16-byte loads with
@@ -33,7 +36,8 @@ constexpr int kChunk = 8;
 constexpr int kRowLanes = kHeadDim / kChunk;
 constexpr int kRowsPerPass = kWidenThreads / kRowLanes;
 constexpr int kItemRows = 2 * kBlockKeys;  // K's rows, then V's
-constexpr int kQuarterRows = kItemRows / kCopyFlagParts;
+constexpr int kMaxUnitParts = 4;
+constexpr int kQuarterRows = kItemRows / kMaxUnitParts;
 static_assert(kQuarterRows % kRowsPerPass == 0 && kBlockKeys % kQuarterRows == 0, "a quarter's rows spread evenly");
 
 // Rows [r0 + 8 i] of one pool (K or V) widened into the copy: every load before the first store.
@@ -81,11 +85,11 @@ __global__ void __launch_bounds__(kWidenThreads, kWidenCtasPerSm)
   const int32_t hkv = p.num_kv_heads, batch = p.seqs.batch_size;
   if (blockIdx.x == 0)
     for (int32_t b = threadIdx.x; b <= batch; b += kWidenThreads) p.copy_indptr[b] = __ldcg(p.blk_cum + b) / hkv;
-  const int32_t parts = p.unit_parts, unit_rows = kItemRows / parts, flag_bytes = kCopyFlagParts / parts;
+  const int32_t parts = p.unit_parts, unit_rows = kItemRows / parts;  // parts = 1 with flags
   const int32_t units = p.copy_pages * hkv * parts;
   for (int32_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const int32_t item = unit / parts, part = unit - item * parts;
-    uint8_t* flag = every_block ? nullptr : p.flags + static_cast<int64_t>(item) * kCopyFlagBytes + part * flag_bytes;
+    uint8_t* flag = every_block ? nullptr : p.flags + static_cast<int64_t>(item) * kCopyFlagBytes;
     if (!every_block && *flag == 0) continue;  // the same flag for every thread: the CTA skips or takes it
     const int32_t page = item / hkv, h = item - page * hkv;
     int lo = 0, hi = batch;  // the request: the last b with blk_cum[b] / Hkv <= page
@@ -96,12 +100,11 @@ __global__ void __launch_bounds__(kWidenThreads, kWidenCtasPerSm)
     const int32_t block = page - __ldcg(p.blk_cum + lo) / hkv;
     const SeqView v = load_seq(p.seqs, lo);
     const int32_t pool = block < num_kv_blocks(v.kv_len) ? physical_page(p.pages, lo, block / p.page_blocks) : -1;
-    // The unit's flag bytes are cleared as it takes them, once every thread has read them, so that every flag is
-    // 0 again after the run.
+    // The unit's flag is cleared as it takes it, once every thread has read it, so that every flag is 0 again
+    // after the run.
     __syncthreads();
     if (threadIdx.x == 0) {
-      if (!every_block)
-        for (int32_t i = 0; i < flag_bytes; ++i) flag[i] = 0;
+      if (!every_block) *flag = 0;
       p.copy_table[page] = pool >= 0 ? page : -1;  // every flagged unit writes the same
     }
     if (pool < 0) continue;
@@ -119,7 +122,7 @@ __global__ void __launch_bounds__(kWidenThreads, kWidenCtasPerSm)
 template <typename T>
 void launch_widen(Fp8CopyParams p, int sm_count, cudaStream_t stream) {
   const int32_t items = p.copy_pages * p.num_kv_heads, ctas = kWidenCtasPerSm * std::max(sm_count, 1);
-  p.unit_parts = items * kCopyFlagParts <= ctas ? kCopyFlagParts : items * 2 <= ctas ? 2 : 1;
+  p.unit_parts = p.flags != nullptr ? 1 : items * kMaxUnitParts <= ctas ? kMaxUnitParts : items * 2 <= ctas ? 2 : 1;
   const dim3 grid(std::max(1, std::min(items * p.unit_parts, ctas)));
   launch_kernel(true, fp8_copy_widen_kernel<T>, grid, dim3(kWidenThreads), 0, stream, p);
 }

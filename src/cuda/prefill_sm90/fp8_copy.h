@@ -7,20 +7,20 @@
 // kernel, each block some query-major tile reads is widened once, exactly, into a plan-owned copy in q's
 // dtype, and the 16-bit query-major kernel reads that copy:
 //   the tile lists (schedule.h, copy_flags): every query-major tile flags (copy page, KV head) of each block of
-//          its union, all kCopyFlagParts bytes of the flag at once;
-//   widen: one launch between the lists and the query-major kernel, one wave of CTAs striding over the units
-//          (a quarter, a half or the whole of a (copy page, KV head): 64, 128 or 256 of its K-then-V rows, the
-//          smallest that gives every CTA of the grid one); a CTA takes its unit's flag bytes and clears them
-//          (so the flags are all 0 for the next run: zeroed once, by the plan's first eager run),
-//          widens the unit's rows (zeros past kv_len) and writes the copy page's table entry (-1 where the
+//          its union (a byte, each flag in its own L2 sector);
+//   widen: one launch between the lists and the query-major kernel, one wave of CTAs striding over the
+//          (copy page, KV head) pairs; a CTA takes a pair's flag and clears it (so the flags are all 0 for the
+//          next run: zeroed once, by the plan's first eager run),
+//          widens the pair's rows (zeros past kv_len) and writes the copy page's table entry (-1 where the
 //          pool's page is invalid, so those keys stay invisible as in the pool); CTA 0 also writes the copy's
 //          flat page-table rows (indptr = blk_cum / Hkv).
 // A flag left set (a stale one) only widens a block no tile reads: correctness needs every block a tile reads
 // flagged, nothing more.
-// A plan of few blocks (config.h, kCopyEveryBlockMaxItems) has no flags: the widen kernel takes every unit, runs
-// beside the tile lists instead of after them, and waits for them at its end, so that the query-major kernel's
-// wait on it covers the lists too; the KV-major kernel then reads the copy as well (its side stream forks after
-// the widen kernel).
+// A plan of few blocks (config.h, kCopyEveryBlockMaxItems) has no flags: the widen kernel takes every pair (in
+// units of a quarter, a half or the whole of it: 64, 128 or 256 of its K-then-V rows, the smallest that gives
+// every CTA of the grid one), runs beside the tile lists instead of after them, and waits for them at its end, so
+// that the query-major kernel's wait on it covers the lists too; the KV-major kernel then reads the copy as well
+// (its side stream forks after the widen kernel).
 // The copy is [copy_pages, Hkv, 128, 128] for K, then the same for V, page p of request b being its block
 // p - blk_cum[b] / Hkv. With flags, KV-major tiles read the fp8 pool (each of their blocks widened once per work
 // item there): the lists flag no block for them.
@@ -43,12 +43,12 @@ struct Fp8CopyParams {
   int32_t page_blocks = 1;      // the pool's page_size / 128
   int32_t num_kv_heads = 0;
   int32_t copy_pages = 0;       // the plan's extent: sum over requests of ceil(kv_len / 128)
-  // [copy_pages * Hkv] flags of kCopyFlagBytes (kCopyFlagParts used), 0 between runs; null: every block widened
+  // [copy_pages * Hkv] flags, a byte each kCopyFlagBytes apart, 0 between runs; null: every block widened
   uint8_t* flags = nullptr;
   int32_t* copy_indptr = nullptr;  // [B + 1]
   int32_t* copy_table = nullptr;   // [copy_pages]
   void* copy = nullptr;         // K then V, q's dtype
-  int32_t unit_parts = 1;       // a CTA's unit: 1/unit_parts of a (copy page, KV head); set by the launcher
+  int32_t unit_parts = 1;       // a CTA's unit: 1/unit_parts of a (copy page, KV head) (1 with flags); set by the launcher
 };
 
 // Launched with PDL after the tile lists; sm_count sizes the grid (one wave of CTAs).

@@ -70,9 +70,7 @@ __device__ __forceinline__ bool goes_kv_major(const TileListParams& p, int32_t r
 __device__ __forceinline__ void flag_copy_block(const TileListParams& p, const TileCoord& c, int32_t block) {
   const int32_t hkv = p.sched.num_kv_heads;
   const int64_t page = static_cast<int64_t>(p.blk_cum[c.request] / hkv) + block;
-  static_assert(kCopyFlagParts == 4 && kCopyFlagBytes % 4 == 0, "a flag's part bytes set by one 4-byte store");
-  if (page < p.copy_pages)
-    *reinterpret_cast<uint32_t*>(p.copy_flags + (page * hkv + c.kv_head) * kCopyFlagBytes) = 0x01010101u;
+  if (page < p.copy_pages) p.copy_flags[(page * hkv + c.kv_head) * kCopyFlagBytes] = 1;
 }
 
 __device__ __forceinline__ void finish_tile(const TileListParams& p, int32_t tile, int32_t reps, int32_t selections) {

@@ -399,9 +399,10 @@ def test_sm90_prefill_wide_tile_lists(rng, monkeypatch, mode, kv_len):
 
 @pytest.mark.parametrize("kv_len", [700, 10000, 20000, 40000])
 def test_sm90_prefill_fp8_copy_unit_sizes(rng, monkeypatch, kv_len):
-    """The widen kernel's units: on 132 SMs (1056 CTAs) 4 KV heads x 10 / 83 / 161 / 317 blocks take quarters,
-    halves and whole (block, KV head) pairs; up to 1024 pairs every block is widened beside the tile lists, above,
-    the flagged ones after them, each unit its own bytes of the flag; a second run reads the flags the first left."""
+    """The widen kernel's units: on 132 SMs (1056 CTAs) 4 KV heads x 10 / 83 / 161 blocks take quarters, halves
+    and whole (block, KV head) pairs, every block widened beside the tile lists; past 1024 pairs (317 blocks) the
+    flagged pairs after them, whole, each flag cleared by the CTA that takes it; a second run reads the flags the
+    first left."""
     prob = problem(rng, [150, 40], [kv_len, 500], "shared", heads=(64, 4), topk=16, page_size=128)
     plan = plan_sm90(prob, monkeypatch, "qmajor")
     pairs = 4 * sum((n + 127) // 128 for n in (kv_len, 500))
