@@ -48,7 +48,7 @@ struct Fp8CopyParams {
   int32_t* copy_indptr = nullptr;  // [B + 1]
   int32_t* copy_table = nullptr;   // [copy_pages]
   void* copy = nullptr;         // K then V, q's dtype
-  int32_t unit_parts = 1;       // a CTA's unit: 1/unit_parts of a (copy page, KV head) (1 with flags); set by the launcher
+  int32_t unit_parts = 1;       // a CTA's unit: 1/unit_parts of a (copy page, KV head), 1 with flags; set at launch
 };
 
 // Launched with PDL after the tile lists; sm_count sizes the grid (one wave of CTAs).
