@@ -51,7 +51,7 @@ enum class ScoreLayout { kHKT, kTHK };  // [H, max_blocks, T] or [T, H, max_bloc
 
 // Sparse attention when block_idx is given (plan.config().topk > 0), dense paged attention when not.
 // k and v are both in q's dtype, or both fp8 e4m3 (a value is its e4m3 value times opts.k_scale / v_scale).
-// fp8 K/V run on the CPU backend; the CUDA backend refuses them (kNotImplemented) before launching anything.
+// fp8 K/V run on both backends (the CUDA kernels widen the e4m3 values exactly and keep 16-bit MMAs).
 // One run of a plan at a time (plan.h): concurrent calls (streams, threads) need a plan each, e.g. clone().
 void attention(const Plan& plan, const TensorView& q, const TensorView& k, const TensorView& v,
                const PageTable& pages, const Sequences& seqs, const TensorView& block_idx, const TensorView& o,
