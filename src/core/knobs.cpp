@@ -2,6 +2,7 @@
 // (tests/cpp/test_knobs.cpp checks the names), and no other file of src reads the environment.
 #include "core/knobs.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -94,10 +95,12 @@ int64_t read(int id, const char* fn) {
   const char* v = std::getenv(k.name);
   if (v == nullptr || *v == 0) return 0;
   if (k.choices[0] == nullptr) {
+    // Decimal digits only: strtoll alone also takes leading spaces and a sign.
+    const bool digits = std::all_of(v, v + std::strlen(v), [](char c) { return c >= '0' && c <= '9'; });
     char* end = nullptr;
     errno = 0;
     const long long n = std::strtoll(v, &end, 10);
-    MSA_CHECK(end != v && *end == 0 && errno == 0 && n > 0, kValue, fn, ": environment variable ", k.name,
+    MSA_CHECK(digits && end != v && *end == 0 && errno == 0 && n > 0, kValue, fn, ": environment variable ", k.name,
               ": expected an integer > 0, got '", v, "'");
     return n;
   }

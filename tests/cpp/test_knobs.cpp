@@ -140,7 +140,7 @@ TEST(Knobs, RefusesBadValues) {
               "msa.plan_prefill: environment variable MSA_SM90_PREFILL: expected auto, qmajor or kvmajor, "
               "got 'kv-major'");
   }
-  for (const char* bad : {"0", "-4", "12x", "x", " "}) {
+  for (const char* bad : {"0", "-4", "+4", " 4", "4 ", "12x", "x", " ", "99999999999999999999"}) {
     ScopedEnv e("MSA_SM90_KV_WINDOW_TILES", bad);
     EXPECT_EQ(value_error([] { knobs::kv_window_tiles("msa.plan_prefill"); }),
               std::string("msa.plan_prefill: environment variable MSA_SM90_KV_WINDOW_TILES: expected an integer > 0, "
