@@ -11,7 +11,8 @@
 # tree's bench script. AB_BENCH=prefill (or another bench/NAME.py) compares with that bench instead (give its
 # args, e.g. --quick --workload P-chunk --patterns random --no-peers).
 set -u
-A=${1:?usage: scripts/ab_bench.sh A_DIR [REPS] [bench args]}; REPS=${2:-3}; shift; [ $# -gt 0 ] && shift
+A=${1:?usage: scripts/ab_bench.sh A_DIR [REPS] [bench args]}; shift
+REPS=3; if [[ ${1:-} =~ ^[0-9]+$ ]]; then REPS=$1; shift; fi  # REPS only when given: else the bench args start here
 BENCH=${AB_BENCH:-decode}
 ARGS=("$@"); [ ${#ARGS[@]} -eq 0 ] && [ "$BENCH" = decode ] && ARGS=(--quick --floor --only D-B1,D-B32,D-mixed --iters 100)
 cd "$(dirname "$0")/.."

@@ -1,6 +1,8 @@
 // The one exception type of msa. Every public entry point validates its arguments before it
-// launches anything and throws msa::Error with a message that names the entry point, the
-// argument, what was expected and what was passed. Python maps kind() to TypeError / ValueError.
+// launches anything (sparse_attention_layer checks the arguments that link its steps first, then each
+// step its own before its launch) and throws msa::Error with a message that names the entry point, the
+// argument, what was expected and what was passed. Python maps kind() to ValueError / TypeError /
+// NotImplementedError / RuntimeError.
 #pragma once
 
 #include <sstream>

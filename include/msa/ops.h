@@ -2,11 +2,13 @@
 // tensors run the reference backend, CUDA tensors the GPU kernels. The metadata (dtypes, shapes,
 // strides, devices) is always checked; the values of the length and index tensors (lengths against
 // the plan, page ids, block ids) wherever they are host-readable: always for CPU tensors, with
-// RunOptions::validate for CUDA tensors. Shapes (the contract, docs/architecture.md):
+// RunOptions::validate for CUDA tensors. Shapes (the contract, docs/contract.md §1):
 //
 //   q            [total_q, Hq, D]                     bf16 / fp16 (fp32 on the CPU backend)
 //   k, v         [num_pages, Hkv, page_size, D|Dv]    q's dtype, or both fp8 e4m3 (RunOptions::k_scale / v_scale);
-//                                                     any strides, innermost dim contiguous
+//                                                     any non-negative strides, innermost dim contiguous
+//                                                     (CUDA: pointers and outer strides of q, k, v, o
+//                                                     16-byte aligned)
 //   page table   dense [B, max_pages] or flat [n] + indptr [B+1]       int32
 //   block_idx    [total_q, Hkv, topk]                 int32, any strides (sglang's [Hkv, T, topk]
 //                                                     is the same tensor permuted); -1 = empty slot
@@ -40,7 +42,8 @@ struct RunOptions {
                            // first bad entry (synchronizes); CPU tensors are always checked so
   // attention only: per-tensor dequantization scales (sglang's and FlashInfer's k_scale / v_scale), finite
   // and > 0, for K/V of any dtype. Logits s_j = (q . k_j) * sm_scale * q_scale * k_scale; o = softmax(s) V
-  // * v_scale (on CUDA: q_scale * k_scale folded into sm_scale, v_scale applied where the output is normalized).
+  // * v_scale (q_scale * k_scale folded into sm_scale on the host; v_scale applied where the output is
+  // normalized).
   // After the fields above, so that positional initialisers {sm_scale, stream, validate} stay valid.
   float q_scale = 1.0f;
   float k_scale = 1.0f;
@@ -59,8 +62,9 @@ void attention(const Plan& plan, const TensorView& q, const TensorView& k, const
 
 // Indexer step 1: out[.., h, blk, t] = max over the visible keys j of block blk of raw q[t, h] . k[j, h / (H/Hk)]
 // (causal, j < kv_len), -inf where the block has no visible key.
-//   q [T, H, D]; k_index [num_pages, Hk, page_size, D] (bf16/fp16, or fp8 e4m3 with k_scale
-//   [num_pages, Hk, page_size] fp32 per token); out fp32 in `layout`, max_blocks >= ceil(max kv_len / 128).
+//   q [T, H, D]; k_index [num_pages, Hk, page_size, D] (q's dtype, or fp8 e4m3 with k_scale
+//   [num_pages, Hk, page_size] fp32 per token; CUDA: D = 128); out fp32 in `layout`,
+//   max_blocks >= ceil(max kv_len / 128).
 void block_scores(const TensorView& q, const TensorView& k_index, const TensorView& k_scale, const PageTable& pages,
                   const Sequences& seqs, const TensorView& out, ScoreLayout layout, bool causal = true,
                   const RunOptions& opts = {});
@@ -95,8 +99,9 @@ void merge_candidates(const TensorView& cand_scores, const TensorView& cand_ids,
                       int max_blocks, int topk, int force_begin, int force_end, const TensorView& out,
                       bool causal = true, const RunOptions& opts = {});
 
-// Merge S partial attention states by their LSEs: v_parts [S, T, H, Dv] (fp32 or q dtype), lse_parts [S, T, H]
-// fp32 -> o [T, H, Dv], lse_out [T, H] (optional). A part with lse = -inf contributes nothing.
+// Merge S partial attention states by their LSEs: v_parts [S, T, H, Dv] (fp32, bf16 or fp16), lse_parts [S, T, H]
+// fp32 -> o [T, H, Dv] (fp32, bf16 or fp16, whatever v_parts'), lse_out [T, H] (optional). A part with
+// lse = -inf contributes nothing.
 void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const TensorView& o,
                   const TensorView& lse_out = {}, const RunOptions& opts = {});
 
@@ -129,14 +134,16 @@ void sparse_attention_layer(const Plan& plan, const TensorView& q, const TensorV
 //   Per-tensor `scale` (> 0, finite), or per-slot scales when slot_scale [num_pages, H, page_size] fp32 is
 //   given (the k_scale of block_scores' fp8 index keys): each row's scale is amax(|finite elements|) / 448,
 //   1 where that is 0, written to slot_scale with the row.
-//   src bf16 / fp16 (fp32 on the CPU); cache and slot_scale any strides, innermost contiguous; slot_ids [n]
+//   src bf16 / fp16 (fp32 on the CPU); cache and slot_scale any non-negative strides (cache: innermost
+//   contiguous); slot_ids [n]
 //   int32 / int64. Graph-safe on CUDA (no allocation, no host read); slots >= num_pages * page_size are
 //   refused on the CPU and by RunOptions::validate, skipped by the GPU kernel. Duplicate slots are a caller
 //   error: which row a GPU slot keeps is unspecified.
 void write_cache(const TensorView& src, const TensorView& cache, const TensorView& slot_ids, float scale = 1.0f,
                  const TensorView& slot_scale = {}, const RunOptions& opts = {});
 
-// True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.
+// True when this build has the CUDA backend and its kernels run on the current GPU at compute capability
+// >= 8.0 (the lower of the device's and the newest code the binary holds for it).
 bool cuda_available();
 
 // The compute capability (major * 10 + minor) msa's kernels run as on the current GPU: the GPU's own, or lower

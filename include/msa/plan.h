@@ -45,11 +45,12 @@ struct AttentionConfig {
 };
 
 struct SplitOptions {
-  // Upper bound on the number of splits of one (request, KV head) over its blocks.
+  // Read by the paged kernel family (decode on every GPU, prefill off sm_90); the Hopper prefill kernels
+  // do not split. Upper bound on the number of splits of one (request, KV head) over its blocks.
   // 0: chosen from the device (enough work items to fill every SM); 1: never split.
   int max_splits = 0;
-  // > 0: every split covers exactly this many blocks of a request's list, whatever the batch,
-  // so results are bitwise batch-invariant (the merge order is fixed too).
+  // > 0 (decode plans): split s covers entries [sF, (s + 1)F) of a request's list, the last split the
+  // rest, whatever the batch, so results are bitwise batch-invariant (the merge order is fixed too).
   int fixed_split_blocks = 0;
 };
 

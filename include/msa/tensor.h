@@ -1,10 +1,11 @@
 // Non-owning tensor views over DLPack descriptions.
 //
 // msa never owns caller memory: every entry point takes TensorViews, which copy the DLTensor's
-// pointer, dtype, device, shape and strides (strides in elements, as DLPack has them) and keep
-// nothing else. A default-constructed view is "absent" (optional arguments). A view of a dtype msa
-// does not take has dtype() == DType::kUnknown and keeps the DLPack dtype for the message: the entry
-// point that checks the argument's dtype names the argument and the dtypes it takes.
+// pointer, dtype, device, shape and strides (strides in elements, as DLPack has them; a tensor of no
+// elements gets row-major strides) and keep nothing else. A default-constructed view is "absent"
+// (optional arguments). A view of a dtype msa does not take has dtype() == DType::kUnknown (uint8:
+// kU8, which no entry point takes) and keeps the DLPack dtype for the message: the entry point that
+// checks the argument's dtype names the argument and the dtypes it takes.
 #pragma once
 
 #include <array>
