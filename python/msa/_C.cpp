@@ -493,17 +493,18 @@ void bind_ops(nb::module_& m) {
   m.def(
       "build_page_table",
       [](nb::handle req_to_token, nb::handle req_pool_indices, nb::handle seq_lens, int page_size, nb::handle out,
-         int64_t stream) {
+         bool validate, int64_t stream) {
         Call call("msa.build_page_table");
         const msa::TensorView r_v = call.in(req_to_token, "req_to_token");
         const msa::TensorView i_v = call.in(req_pool_indices, "req_pool_indices");
         const msa::TensorView s_v = call.in(seq_lens, "seq_lens");
         const msa::TensorView o_v = call.out(out, "out");
-        const msa::RunOptions opts{0.0f, call.stream(stream, req_to_token, r_v), false};
+        const msa::RunOptions opts{0.0f, call.stream(stream, req_to_token, r_v), validate};
         nb::gil_scoped_release nogil;
         msa::build_page_table(r_v, i_v, s_v, page_size, o_v, opts);
       },
-      "req_to_token"_a, "req_pool_indices"_a, "seq_lens"_a, "page_size"_a, "out"_a, "stream"_a = 0,
+      "req_to_token"_a, "req_pool_indices"_a, "seq_lens"_a, "page_size"_a, "out"_a, "validate"_a = false,
+      "stream"_a = 0,
       "Binding of msa::build_page_table; use msa.build_page_table.");
 
   m.def(

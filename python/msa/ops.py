@@ -240,7 +240,7 @@ def merge_states(v_parts, lse_parts, *, out=None, lse_out=None, return_lse=False
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max_pages=None, out=None,
-                     stream=None):
+                     validate=False, stream=None):
     """Dense page table from a serving engine's token-to-slot map (sglang's req_to_token).
 
     out[b, p] = req_to_token[req_pool_indices[b], p * page_size] // page_size for
@@ -254,6 +254,8 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max
         max_pages: row width of the output; default ceil(max_context / page_size), enough for any length
             and independent of the lengths (no host read, stable shape across steps).
         out: int32 [B, max_pages] with contiguous rows; allocated when None.
+        validate: CUDA tensors: also read req_pool_indices and seq_lens on the host and report the first entry
+            outside req_to_token or past out's width (synchronizes). CPU tensors are always checked so.
         stream: as for msa.attention.
 
     Returns:
@@ -268,7 +270,7 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max
         if width < 0:
             raise ValueError(f"{fn}: argument 'max_pages': expected >= 0, got {width}")
         out = new_output(fn, "out", req_to_token, "req_to_token", (_dim(req_pool_indices, 0), width), "int32")
-    _C.build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, out,
+    _C.build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, out, bool(validate),
                         resolve_stream(fn, stream, req_to_token))
     return out
 
@@ -277,7 +279,7 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
                            k_index_scale=None, qo_offset=None, page_indptr=None, force_begin=0, force_end=1,
                            scores=None, score_layout="THK", block_idx=None, out=None, lse=None, return_lse=False,
                            return_block_idx=False, sm_scale=None, q_scale=1.0, k_scale=1.0, v_scale=1.0,
-                           stream=None):
+                           validate=False, stream=None):
     """One MiniMax-M3 sparse layer: block_scores -> select_topk -> sparse attention, sharing the plan.
 
     The index queries have one head per KV head (q_index [T, Hkv, Di]); the index-K cache shares the page
@@ -288,8 +290,9 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
         plan: a sparse msa.Plan (topk > 0); its max_kv_len sizes the score workspace, so decode plans need no
             host read of the lengths and the call can be captured in a CUDA graph.
         q, k_cache, v_cache, page_table, qo_indptr, kv_lens, qo_offset, page_indptr, sm_scale, q_scale, k_scale,
-            v_scale, out, lse, return_lse, stream: as for msa.attention (k_scale / v_scale are the attention's
-            per-tensor scales; the index keys' per-token scales are k_index_scale).
+            v_scale, out, lse, return_lse, validate, stream: as for msa.attention (k_scale / v_scale are the
+            attention's per-tensor scales; the index keys' per-token scales are k_index_scale; validate runs each
+            step's host checks of its values on CUDA tensors, CPU tensors being always checked).
         q_index, k_index, k_index_scale: as q, k_index and k_scale of msa.block_scores.
         scores: fp32 workspace in score_layout with max_blocks >= ceil(plan.max_kv_len / 128); allocated when None.
         block_idx: int32 [T, Hkv, topk] workspace for the selection (any strides); allocated when None.
@@ -322,13 +325,14 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
     scores = block_scores(q_index, k_index, page_table, qo_indptr, kv_lens, qo_offset=qo_offset,
                           page_indptr=page_indptr, k_scale=k_index_scale,
                           max_blocks=None if scores is not None else max_blocks, layout=score_layout,
-                          causal=plan.causal, out=scores, stream=stream)
+                          causal=plan.causal, out=scores, validate=validate, stream=stream)
     block_idx = select_topk(scores, qo_indptr, kv_lens, plan.topk, qo_offset=qo_offset, layout=score_layout,
                             force_begin=force_begin, force_end=force_end, causal=plan.causal, out=block_idx,
-                            stream=stream)
+                            validate=validate, stream=stream)
     res = attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, block_idx=block_idx,
                     qo_offset=qo_offset, page_indptr=page_indptr, out=out, lse=lse, return_lse=return_lse,
-                    sm_scale=sm_scale, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, stream=stream)
+                    sm_scale=sm_scale, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, validate=validate,
+                    stream=stream)
     if not return_block_idx:
         return res
     return (*res, block_idx) if return_lse else (res, block_idx)

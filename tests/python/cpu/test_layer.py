@@ -58,3 +58,19 @@ def test_layer_rejects_dense_plan_and_wrong_index_heads(rng):
     with pytest.raises(ValueError, match="'q_index'"):
         msa.sparse_attention_layer(sparse, prob.q, prob.k_cache, prob.v_cache, q_index[:, :1], k_index,
                                    prob.page_table, prob.qo_indptr, prob.kv_lens)
+
+
+@pytest.mark.parametrize("validate", [False, True])
+def test_layer_takes_validate(rng, validate):
+    """validate= reaches the three steps (CPU tensors are checked either way): the same output, and a block
+    index past the cache still raises."""
+    prob, q_index, k_index = _layer_problem(rng, [2, 1], [500, 130])
+    kw = dict(num_qo_heads=prob.num_qo_heads, num_kv_heads=prob.num_kv_heads, head_dim=64, page_size=64, topk=4)
+    plan = msa.plan_prefill([2, 1], [500, 130], **kw)
+    args = (plan, prob.q, prob.k_cache, prob.v_cache, q_index, k_index, prob.page_table, prob.qo_indptr, prob.kv_lens)
+    o = msa.sparse_attention_layer(*args, validate=validate)
+    np.testing.assert_array_equal(o, msa.sparse_attention_layer(*args))
+    bad = np.array(prob.page_table, copy=True)
+    bad[0, 0] = 10**6
+    with pytest.raises(ValueError, match="'page_table'"):
+        msa.sparse_attention_layer(*args[:6], bad, *args[7:], validate=validate)

@@ -59,3 +59,14 @@ def test_too_narrow_or_too_long_is_rejected(rng):
         msa.build_page_table(r2t, rows.astype(np.int32), np.array([601, 1], np.int32), 64)
     with pytest.raises(ValueError, match="'req_pool_indices'"):
         msa.build_page_table(r2t, np.array([0, 6], np.int32), seq_lens, 64)
+
+
+@pytest.mark.parametrize("validate", [False, True])
+def test_validate_is_taken(rng, validate):
+    """validate= is accepted (CPU tensors are checked either way): the same table, the same refusals."""
+    seq_lens = np.array([300, 17], np.int32)
+    r2t, rows = engine_pool(rng, seq_lens, 64)
+    pt = msa.build_page_table(r2t, rows.astype(np.int32), seq_lens, 64, validate=validate)
+    np.testing.assert_array_equal(pt, ref_page_table(r2t, rows, seq_lens, 64, math.ceil(600 / 64)))
+    with pytest.raises(ValueError, match="'req_pool_indices'"):
+        msa.build_page_table(r2t, np.array([0, 6], np.int32), seq_lens, 64, validate=validate)
