@@ -170,8 +170,7 @@ std::string demo_help() {
      << ")\n"
         "  --kv-dtype bf16|fp8       the K/V cache (default bf16); fp8 = e4m3 quantized from the random\n"
         "                            data with one scale per tensor (amax / 448), checked against\n"
-        "                            float64 over the dequantized cache. The CPU backend runs it; the\n"
-        "                            CUDA kernels take bf16 K/V only, so cuda reports their error\n"
+        "                            float64 over the dequantized cache (both backends)\n"
         "  --dense                   dense paged causal attention instead of top-k blocks\n"
         "  --repeat N                timed runs, median reported (default "
      << kCpuDefaults.repeat << " / " << kCudaDefaults.repeat
