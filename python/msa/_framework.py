@@ -33,7 +33,8 @@ def require_torch(module: str, what: str):
         raise ModuleNotFoundError(
             f"{module} {what} and needs torch: pip install torch. Without torch, msa's core API works on numpy "
             f"arrays (and any DLPack tensor): msa.plan_prefill, msa.plan_decode, msa.attention, msa.block_scores, "
-            f"msa.select_topk, msa.sparse_attention_layer, msa.merge_states, msa.build_page_table, msa.write_cache",
+            f"msa.select_topk, msa.merge_candidates, msa.sparse_attention_layer, msa.merge_states, "
+            f"msa.build_page_table, msa.write_cache",
             name="torch") from e
     return torch
 

@@ -64,7 +64,7 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
         sm_scale: logit scale; None means head_dim ** -0.5.
         q_scale, k_scale, v_scale: per-tensor dequantization scales (finite, > 0), for K/V of any dtype: the
             logits are (q . k) * sm_scale * q_scale * k_scale and the output is softmax @ V * v_scale (an fp8 key's
-            value is its e4m3 value times k_scale). On CUDA q_scale and k_scale are folded into sm_scale.
+            value is its e4m3 value times k_scale). Both backends fold q_scale and k_scale into sm_scale.
         validate: CUDA tensors: also read the lengths, the page table and the block indexes on the host and
             report the first bad entry (synchronizes). CPU tensors are always checked so.
         stream: CUDA stream (None: torch's current stream for torch CUDA tensors, else 0).

@@ -38,7 +38,8 @@ with the innermost dim contiguous. Flat: (total_k, Hkv, D) with cu_seqlens_k, re
 Where msa goes further than FlashInfer's SM90 surface (same calls):
   * bf16 K/V as well as fp8 e4m3 (fp8 is converted exactly in the kernels); separate K and V pools.
   * fp16 q (and fp32 on the CPU); fp8 q is converted to bf16 (exact) before the call.
-  * Any topk (1..64 on the GPU) in msa_topk_select and the attentions; any GQA group; head_dim other than 128.
+  * Any topk in msa_topk_select (1..64 on the GPU) and the attentions (up to 8192 on the GPU); any GQA group (up to
+    128 query heads per KV head on the GPU); attention head_dim 64, 128 or 256 (msa_proxy_score: 128 on the GPU).
   * causal=False; q_offset for decode; return_softmax_lse (natural log, -inf for rows that see no key)
     and lse_out; msa_proxy_score with several index heads, bf16 index keys in prefill, flat index keys.
   * k_global_scale multiplies the logits and v_global_scale the output, for K/V of any dtype (msa's k_scale /

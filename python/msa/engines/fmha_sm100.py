@@ -41,8 +41,8 @@ Where msa differs from fmha_sm100
   * kv_block_indexes rows may hold their blocks in any order and -1 anywhere (fmha_sm100 needs strictly
     ascending rows with a -1 tail and mis-masks others); check_input_valid=True scans them on the host
     and reports the first bad entry.
-  * Any GQA ratio, page size and kv_block_num; head_dim is 128, fmha_sm100's only one, unless head_dim=
-    says otherwise. num_kv_heads=-1 plans Hkv = num_qo_heads (fmha_sm100 reads
+  * Any GQA ratio (up to 128 on the GPU), page size and kv_block_num; head_dim is 128, fmha_sm100's only one,
+    unless head_dim= says otherwise. num_kv_heads=-1 plans Hkv = num_qo_heads (fmha_sm100 reads
     Hkv from k at run time).
   * page_table= (dense [B, max_pages] int32) is accepted by every plan, not only sparse prefill.
   * max_score is the raw q.k of the stored values (q_scale and k_scale are not applied to it).
@@ -50,7 +50,8 @@ Where msa differs from fmha_sm100
     msa.select_topk does (NaN lowest, ties to the lower block index).
   * fp8 e4m3 K/V (use_fp8_kvcache=True, or float8_e4m3fn k and v) with k_scale / v_scale; a plan serves
     both caches, so use_fp8_kvcache only documents the caller's.
-  * Not served (NotImplementedError): float8 q, max_score over an fp8 cache, o_scale, max_score together
+  * Not served by this drop-in (NotImplementedError): float8 q, max_score over an fp8 cache (msa.block_scores
+    takes fp8 keys with per-token scales), o_scale, max_score together
     with sparse attention, kv_block_indexes with one row per query head when Hq != Hkv, and
     sparse_topk_select's 2-D (TRTLLM) block_table.
   * Accepted with no effect: split_prefill_decode, usable_SM_count, sparse_kernel_mode and stream (msa
@@ -259,7 +260,7 @@ def fmha_sm100_decode_plan(
                      out=info["kv_page_indptr"][1:])
         info["qo_offset"].copy_(seq_lens - 1)            # causal plans: the query's position
 
-    Keys per request stay below max_kv_len and query tokens per request below max_qo_len (1..8).
+    Keys per request stay at most max_kv_len and query tokens per request at most max_qo_len (1..8).
     """
     fn = "msa.fmha_sm100.fmha_sm100_decode_plan"
     if not 1 <= max_qo_len <= DECODE_MAX_QO_LEN:

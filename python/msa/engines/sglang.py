@@ -56,7 +56,8 @@ _BLOCK = 128  # tokens per selectable block (and per page, as sglang pairs them)
 
 
 class MSAUnavailableError(RuntimeError):
-    """msa cannot serve this call (fp8 q); sglang's callers fall back to the Triton path on it."""
+    """msa cannot serve this call (fp8 q, K/V of another dtype than q's or fp8, block_size_k other than 128);
+    sglang's callers fall back to the Triton path on it."""
 
 
 @functools.lru_cache(maxsize=1)
