@@ -277,7 +277,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
   const int64_t n_max = std::min<int64_t>(c.topk, std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1));
   const SplitOptions& so = plan.split_options();
   // Below sm_90 code (sm_80 / 86 / 89, or such code on an H200) the kernel has no cluster merge: it serves only
-  // plans it runs unsplit (at least half as many items as SMs: M3-TP1 D-B32 and up); the general kernel with its
+  // plans it runs unsplit (more than half as many items as SMs: M3-TP1 D-B32 and up); the general kernel with its
   // workspace merge splits the others.
   if (dev.cc < 90 && so.fixed_split_blocks > 0) return false;
   int64_t splits = 1;
