@@ -8,9 +8,9 @@
 //   paged kernel                 the query-major tiles; KV-major tiles' items return at once (decode)
 //   memset, rank, scan, fill     the KV-major key lists and work items                      (prefill_sm90)
 //   per window: KV-major kernel (kernel.cuh), LSE merge                                      (prefill_sm90)
-// The two paths write disjoint rows of o / lse. They run one after the other on the caller's stream: the
-// KV-major chain on a side stream beside the paged kernel, as the Hopper family runs it, measured no faster
-// (docs/prefill_portable.md, "Alternatives measured").
+// The two paths write disjoint rows of o / lse. They run one after the other on the caller's stream (the
+// KV-major chain on a side stream beside the paged kernel, as the Hopper family runs it, measured no faster:
+// docs/prefill_portable.md, "Alternatives measured").
 #include <algorithm>
 #include <bit>
 #include <cmath>
