@@ -252,7 +252,7 @@ def bench_shape(shape: str, ws: list[Workload], ceil: dict, args, rows: list):
         variants = [(f"{base}{'-flat' if flat else ''}{suffix}", 0, env, flat) for suffix, env in args.variants
                     for flat in tables]
         if args.sweep_splits and w.batch <= 32:
-            # dense: past 16 splits, the two-level merges (clusters of 16, then the workspace)
+            # dense: past 16 splits, the merge kernel (general kernel: clusters of 16, then the workspace)
             counts = (1, 2, 4, 8, 16) if w.sparse else (8, 16, 32, 48, 64, 96, 128, 192, 256)
             variants += [(f"{base}-splits{s}{suffix}", s, env, False) for s in counts if w.batch * s <= 512
                          for suffix, env in args.variants]

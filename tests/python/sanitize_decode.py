@@ -1,6 +1,6 @@
 """A small pass over every path of the paged CUDA kernels, sized for compute-sanitizer (each launch
-runs once): sparse and dense decode, split and unsplit (merge in a cluster, pulled or pushed, and
-through the workspace), multi-token tiles, padded groups, odd page sizes, the flat table and the
+runs once): sparse and dense decode, split and unsplit (merge in a cluster, pulled or pushed, through
+the workspace, or by the second kernel), multi-token tiles, padded groups, odd page sizes, the flat table and the
 slot-major pool, prefill tiles, merge_states and build_page_table, plus device values that must be
 clamped. Exits non-zero on a wrong result.
 
@@ -94,8 +94,8 @@ def main():
                                                          pattern=None), decode=False)
 
     # fp8 K/V: the token kernel (K fragments from fp8 rows, V converted), the general kernel's converted tiles,
-    # the two-level dense merges of both kernels, and the Hopper prefill kernels' fp8 paths (query-major on the
-    # plan's 16-bit copy and on widened tiles, KV-major).
+    # the dense merges of many splits (the single-token kernel's merge kernel, the general kernel's two levels), and
+    # the Hopper prefill kernels' fp8 paths (query-major on the plan's 16-bit copy and on widened tiles, KV-major).
     check("fp8 decode sparse, token kernel, split", prob([1, 1], [3000, 700]), fp8=True)
     # more than four waves of CTAs: the tile loop cycles through all 6 ring stages (3 on the grids above)
     n = 8 * torch.cuda.get_device_properties(0).multi_processor_count // 4 + 1
@@ -106,14 +106,14 @@ def main():
     check("fp8 decode sparse, token kernel, 5-stage ring", prob([1] * n, [int(x) for x in rng.integers(2048, 4000, n)],
                                                                 hkv=4), fp8=True)
     check("fp8 decode 4 tokens, G=4 union tile", prob([4, 3], [2000, 900], g=4, hkv=2, pattern="clustered"), fp8=True)
-    check("fp8 decode dense, token kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
-    check("decode dense, token kernel, two-level merge, MTP", prob([2, 1], [40000, 300], pattern=None))
+    check("fp8 decode dense, token kernel, merge kernel", prob([1], [40000], pattern=None), fp8=True)
+    check("decode dense, token kernel, merge kernel, MTP", prob([2, 1], [40000, 300], pattern=None))
     # fp8 dense plans of more requests than one wave of splits holds (the bf16 cache's general kernel beside): one
-    # cluster of 8 splits per item at two CTAs a SM, and clusters of 16 over two parts past 512 blocks
+    # cluster of 8 splits per item at two CTAs a SM, and splits without clusters past 512 blocks (the merge kernel)
     short = [int(x) for x in rng.integers(0, 3000, 29)]
     check("fp8 decode dense, token kernel in waves, one cluster", prob([1] * 30, [16500] + short, pattern=None),
           fp8=True)
-    check("fp8 decode dense, token kernel in waves, parts", prob([1] * 8, [66000] + short[:7], pattern=None), fp8=True)
+    check("fp8 decode dense, token kernel in waves, merge kernel", prob([1] * 8, [66000] + short[:7], pattern=None), fp8=True)
     os.environ["MSA_PAGED_TOKEN_KERNEL"] = "0"  # the general kernel's two-level merge
     check("fp8 decode dense, general kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
     del os.environ["MSA_PAGED_TOKEN_KERNEL"]

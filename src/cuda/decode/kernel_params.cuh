@@ -25,7 +25,7 @@ struct KernelParams {
 
   // Splits of a tile's block list.
   int32_t num_splits = 1;       // S = gridDim.z
-  uint32_t split_magic = 1;     // ceil(2^16 / C), C = the token kernel's cluster size (S <= 16, or 16 / 8 / 4): x / C for x <= 47
+  uint32_t split_magic = 1;     // ceil(2^16 / S): the token kernel's x / S for x <= 47 and S <= 16 (token_kernel.cuh)
   int32_t fixed_split_blocks = 0;  // > 0: split s covers list entries [s*F, (s+1)*F), the last runs to the end
   int32_t num_stages = 3;
   int32_t list_cap = 0;         // sort capacity (power of two >= T * topk); 0 for dense plans
@@ -46,15 +46,17 @@ struct KernelParams {
   int32_t prefetch_page_entries = 0;
 
   // S > 1 on sm_90: the S splits of an item form one thread-block cluster and merge through
-  // distributed shared memory (split_merge.cuh); the workspaces below are then unused.
+  // distributed shared memory (split_merge.cuh); the workspaces below are then unused. S > 1 without it: the
+  // general kernel's workspace merge, or the single-token kernel's splits merged by token_merge_kernel.cu.
   bool cluster_merge = false;
-  // With cluster_merge: the splits per cluster (S: one level). Below S (two levels: dense decode of few items at
-  // long context, where clusters of at most 16 would leave most SMs idle), each cluster's merged rows go to the
-  // workspace as one of S / cluster_size partials, which the last CTA of the item merges.
+  // With cluster_merge: the splits per cluster (S: one level). Below S (the general kernel's two levels: dense decode
+  // of few items at long context, where clusters of at most 16 would leave most SMs idle), each cluster's merged
+  // rows go to the workspace as one of S / cluster_size partials, which the last CTA of the item merges.
   int32_t cluster_size = 0;
 
   // Workspaces (S > 1): per item (tile, KV head) and split, fp32 o of ROWS rows and their lse, and
-  // one arrival counter per item (zero between launches: the last CTA resets it).
+  // one arrival counter per item (zero between launches: the last CTA resets it; the single-token kernel's
+  // splits take none).
   float* part_o = nullptr;
   float* part_lse = nullptr;
   uint32_t* counters = nullptr;

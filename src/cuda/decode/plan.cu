@@ -166,26 +166,25 @@ std::string unsupported_reason(const char* fn, const AttentionConfig& c) {
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Splits of a dense plan on the single-token kernel, the size of their clusters and the CTA's shared memory ({}: the
-// kernel does not take the plan). A CTA walks a contiguous range of at most kTokenMaxTopk blocks (its list is one
-// block per lane of warp 0), so the plan needs at least ceil(blocks / 32) splits. Up to 16 splits form one cluster
-// (push merge). Above, S = parts x C: `parts` clusters of C = 16, 8 or 4 splits, whose merged rows meet again in the
-// workspace (token_parts_merge.cuh), with the shared memory of the push merge for any S (120.7 KB), so that one CTA
-// takes an SM: the plan takes the most splits up to one CTA per SM whose clusters all fit at once, the larger
-// clusters on a tie. Measured on the H200, dense D-B1 (65536 tokens), bf16 / fp8 us: M3-TP1 (28 splits in clusters
-// of 4) 43.4 / 30.7, M3-TP4 (8 clusters of 16; 15 of 8 where only 7 of 16 fit) 17.3 / 14.8. Two CTAs per SM
-// (112.7 KB) in 12 clusters of 16 ran faster (41.1 / 26.2 and 16.5 / 13.2) but compute-sanitizer's synccheck reports
-// "missing wait" on the push merge's mbarrier in that configuration (memcheck and racecheck clean, results correct;
-// not explained), so the plan does not take it; with clusters of 8 or 4 at two CTAs per SM it ran 45.7 (M3-TP1) and
-// 19.5 us (M3-TP4).
+// Splits of a dense plan on the single-token kernel, the size of their clusters (0: none) and the CTA's shared memory
+// ({}: the kernel does not take the plan). A CTA walks a contiguous range of at most kTokenMaxTopk blocks (its list
+// is one block per lane of warp 0), so the plan needs at least ceil(blocks / 32) splits. Up to 16 splits form one
+// cluster (push merge; the most whose clusters all fit at once). Where one CTA per SM gives an item more splits than
+// that (few items at long context), the splits run without clusters: the fewest blocks per split that one wave of
+// CTAs allows, 120.7 KB of shared memory each so that no two share an SM, every split's rows written to the
+// workspace and merged by a second kernel (token_merge_kernel.cu). Measured on the H200, dense D-B1 (65536 tokens),
+// bf16 / fp8 us, against clusters of 16, 8 or 4 merged again through the workspace by each rank's last CTA (same
+// process): M3-TP1 (32 splits of 16 blocks against 28 in clusters of 4) 38.3 / 24.3 against 42.7 / 30.6, M3-TP4 (128
+// splits of 4 blocks against 8 clusters of 16) 14.7 / 11.5 against 17.0 / 14.1.
+//
+// waves: the fp8 state of a plan whose splits do not fit one wave (make_fp8_dense_state): the fewest splits of at
+// most 32 blocks, in as many waves as they take. Up to 16 splits form one cluster of a power of two at 112.7 KB (two
+// CTAs per SM); more run without clusters, merged by the second kernel, at the ~104 KB of the kernel without the
+// push merge (two CTAs per SM).
 struct DenseSplits {
   int64_t splits = 0, cluster = 0;
   uint32_t smem = 0;
 };
-//
-// waves: the fp8 state of a plan whose splits do not fit one wave (make_fp8_dense_state): the fewest splits of at
-// most 32 blocks, in as many waves as they take. Up to 16 splits form one cluster of a power of two at 112.7 KB (two
-// CTAs per SM); more take clusters of 16 over parts at one CTA per SM, as above.
 template <typename ClustersFit>
 DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaPlanState& dev, const ClustersFit& fit,
                                     bool waves) {
@@ -197,14 +196,11 @@ DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaP
   if (so.max_splits > 0) target = std::min<int64_t>(target, so.max_splits);
   DenseSplits best;
   if (target > kTokenMaxSplits) {
-    for (const int64_t c : {int64_t{16}, int64_t{8}, int64_t{4}}) {
-      int64_t parts = std::min<int64_t>(target / c, kTokenMaxParts);
-      while (parts >= 2 && fit(c, kTokenSmemPushBytes) < items * parts) --parts;
-      if (parts >= 2 && parts * c > best.splits) best = {parts * c, c, kTokenSmemPushBytes};
-    }
-  }
-  if (best.splits == 0) {
-    int64_t n = std::clamp<int64_t>(target, 1, kTokenMaxSplits);
+    const int64_t per = ceil_div64(blocks, target);  // blocks per split
+    const int64_t n = ceil_div64(blocks, per);
+    if (per <= kTokenMaxTopk && n <= kTokenMaxMergeParts) best = {n, 0, kTokenSmemPushBytes};
+  } else {
+    int64_t n = std::max<int64_t>(target, 1);
     while (n > 1 && fit(n, token_push_smem_bytes(static_cast<int>(n))) < items) --n;
     best = {n, n, n > 1 ? token_push_smem_bytes(static_cast<int>(n)) : kTokenSmemBytes};
   }
@@ -215,9 +211,8 @@ DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaP
       best = {n, n, token_push_smem_bytes(static_cast<int>(n))};
       if (fit(n, best.smem) < 1) return {};
     } else {
-      const int64_t parts = ceil_div64(need, kTokenMaxSplits);
-      if (parts > kTokenMaxParts || fit(kTokenMaxSplits, kTokenSmemPushBytes) < 1) return {};
-      best = {parts * kTokenMaxSplits, kTokenMaxSplits, kTokenSmemPushBytes};
+      if (need > kTokenMaxMergeParts) return {};
+      best = {need, 0, kTokenSmemBytes};
     }
   }
   return best.splits >= need ? best : DenseSplits{};
@@ -281,8 +276,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
   // workspace merge splits the others.
   if (dev.cc < 90 && so.fixed_split_blocks > 0) return false;
   int64_t splits = 1;
-  int cluster = 0;  // the splits of a cluster (dense plans above 16 splits: 16, 8 or 4), else all of them
   uint32_t dense_smem = 0;  // a dense plan's shared memory per CTA
+  bool merge_kernel = false;  // a dense plan's splits without clusters (token_merge_kernel.cu)
   if (dense) {
     const DenseSplits d = plan_token_dense_splits(items, plan, dev, [&](int64_t n, uint32_t smem) {
       int fit = INT32_MAX;
@@ -293,9 +288,13 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
     }, dense_waves);
     if (d.splits == 0) return false;
     splits = d.splits;
-    cluster = static_cast<int>(d.cluster);
     dense_smem = d.smem;
-    push_fits = splits > 1;
+    merge_kernel = d.cluster == 0;
+    push_fits = splits > 1 && !merge_kernel;
+    if (merge_kernel) {
+      for (const KernelVariant v : kVariants)
+        if (prepare_kernel(dev.device, token_kernel_entry(v.dtype, v.kv_dtype), kTokenThreads, dense_smem) < 1) return false;
+    }
   } else if (so.fixed_split_blocks > 0) {
     if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
     splits = ceil_div64(n_max, so.fixed_split_blocks);
@@ -340,19 +339,17 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
                   : alone_long                                                ? kTokenStagesFp8AlonePerSm
                                                                               : kTokenStagesFp8Shallow;
   st.push_merge = push_fits && splits > 1;
-  if (cluster == 0) cluster = static_cast<int>(splits);
-  st.smem_bytes = dense_smem > 0 ? dense_smem : st.push_merge ? token_push_smem_bytes(cluster) : kTokenSmemBytes;
+  st.smem_bytes = dense_smem > 0 ? dense_smem : st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
   st.spec_qo_len = tq;
   st.pdl = dev.cc >= 90;  // sm_80 code has no griddepcontrol.wait: its launches must not overlap the previous kernel
   st.prewait_prefetch = st.pdl;
-  st.cluster_merge = splits > 1;
-  st.cluster_size = cluster;
-  if (splits > cluster) {  // two levels: per item and part, the clusters' merged rows; per item and rank, a counter
-    const int64_t parts = splits / cluster;
-    const size_t rows_total = static_cast<size_t>(items) * parts * kTokenRows;
+  st.cluster_merge = splits > 1 && !merge_kernel;
+  st.cluster_size = st.cluster_merge ? static_cast<int>(splits) : 0;
+  st.merge_kernel = merge_kernel;
+  if (merge_kernel) {  // per item and split, the split's rows and their lse
+    const size_t rows_total = static_cast<size_t>(items) * splits * kTokenRows;
     st.part_o = DeviceBuffer(rows_total * kTokenHeadDim * sizeof(float));
     st.part_lse = DeviceBuffer(rows_total * sizeof(float));
-    st.counters = DeviceBuffer(static_cast<size_t>(items) * kTokenMaxSplits * sizeof(uint32_t));
   }
   return true;
 }
@@ -368,7 +365,8 @@ std::string describe(const State& s) {
   out += " splits=" + std::to_string(s.splits);
   if (s.fixed_split_blocks > 0) out += " fixed_split_blocks=" + std::to_string(s.fixed_split_blocks);
   const char* merge = s.splits <= 1              ? "none"
-                      : s.push_merge              ? (s.cluster_size < s.splits ? "push+workspace" : "push")
+                      : s.merge_kernel            ? "kernel"
+                      : s.push_merge              ? "push"
                       : !s.cluster_merge          ? "workspace"
                       : s.cluster_size < s.splits ? "cluster+workspace"
                                                   : "pull";

@@ -6,6 +6,7 @@
 #include "cuda/decode/kernel_params.cuh"
 #include "cuda/decode/kernel_table.h"
 #include "cuda/decode/state.cuh"
+#include "cuda/decode/token_merge_kernel.h"
 #include "cuda/plan_state.h"
 #include "msa/error.h"
 
@@ -29,9 +30,8 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   kp.tiles_per_req = s.tiles_per_req;
   kp.scan_tiles = s.scan_tiles;
   kp.num_splits = s.splits;
-  // The token kernel divides by its cluster's size (S, or 16, 8 or 4 for a dense plan's two-level merge).
-  const uint32_t cluster = static_cast<uint32_t>(std::max(s.token_kernel ? s.cluster_size : s.splits, 1));
-  kp.split_magic = (65536u + cluster - 1u) / cluster;
+  const uint32_t splits = static_cast<uint32_t>(std::max(s.splits, 1));
+  kp.split_magic = (65536u + splits - 1u) / splits;
   kp.fixed_split_blocks = s.fixed_split_blocks;
   kp.num_stages = p.kv_dtype == ScalarType::kF8E4M3 ? s.stages_fp8 : s.stages;
   kp.list_cap = s.list_cap;
@@ -48,7 +48,10 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
     kp.prefetch_page_entries = static_cast<int32_t>(std::clamp<int64_t>(pages, 0, kPrefetchPageEntries));
   }
   bool pdl = s.pdl;
-  if (s.splits > 1 && (!s.cluster_merge || s.cluster_size < s.splits)) {  // a workspace merge
+  if (s.merge_kernel) {  // the splits' rows go to the workspace, token_merge_kernel.cu merges them
+    kp.part_o = s.part_o.as<float>();
+    kp.part_lse = s.part_lse.as<float>();
+  } else if (s.splits > 1 && (!s.cluster_merge || s.cluster_size < s.splits)) {  // a workspace merge
     kp.part_o = s.part_o.as<float>();
     kp.part_lse = s.part_lse.as<float>();
     kp.counters = s.counters.as<uint32_t>();
@@ -85,6 +88,8 @@ void run(const State& s, const Plan& plan, const AttentionParams& p, cudaStream_
   cfg.numAttrs = num_attrs;
   void* args[] = {&kp};
   MSA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, fn, args));
+  if (s.merge_kernel)
+    launch_token_merge(kp, static_cast<unsigned>(s.num_tiles), static_cast<unsigned>(s.num_kv_heads), s.pdl, stream);
 }
 
 }  // namespace msa::detail::cuda::decode

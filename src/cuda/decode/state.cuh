@@ -38,12 +38,13 @@ struct State {
   bool pdl = false;        // launch with programmatic stream serialization (sm_90+)
   bool prewait_prefetch = false;  // decode: the L2 prefetch before the PDL wait (prewait_prefetch.cuh)
   bool cluster_merge = false;  // splits > 1 merge inside clusters of dims (1, 1, cluster_size) (sm_90)
-  int cluster_size = 0;        // splits per cluster: splits (one level) or 16 (two levels, KernelParams)
+  int cluster_size = 0;        // splits per cluster: splits (one level) or 16 (the general kernel's two levels)
   bool token_kernel = false;   // the single-token decode kernel (token_kernel.cuh) serves the plan
   bool push_merge = false;     // ... with its push split merge (where its clusters fit; else the pull merge)
+  bool merge_kernel = false;   // ... with its splits merged by a second kernel (token_merge_kernel.cu)
 
   DeviceBuffer part_o;     // fp32 [items, parts, rows, head_dim]: parts = splits without a cluster merge,
-                           // splits / cluster_size with two levels
+                           // splits / cluster_size with the general kernel's two levels
   DeviceBuffer part_lse;   // fp32 [items, parts, rows]
   DeviceBuffer counters;   // uint32 [items], zero between launches
   // The counters are zeroed on the stream of the first eager run (a stream-ordered memset); a run

@@ -54,9 +54,9 @@ constexpr int token_fp8_merge_chunk(int row, int c) {
 
 constexpr int kTokenMaxTopk = 32;    // one selected block per lane of warp 0
 constexpr int kTokenMaxSplits = 16;  // splits merge inside one thread-block cluster
-// Dense plans of more than 16 splits: at most this many clusters (of 16, 8 or 4) per item, merged again through
-// the workspace (token_parts_merge.cuh).
-constexpr int kTokenMaxParts = 32;
+// Dense plans of more splits, without clusters: at most this many per item, their rows merged by a second kernel
+// (token_merge_kernel.cu).
+constexpr int kTokenMaxMergeParts = 256;
 // MTP: tokens per request (grid.x = batch x max_qo_len rounded up to a power of two, one CTA or cluster
 // per token), 1 to 16 as MiniMax's kernels take; longer rows go to the general kernel (tiles of one token
 // as well).

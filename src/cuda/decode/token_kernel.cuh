@@ -1,5 +1,5 @@
-// The single-token sparse decode kernel (plan_token_kernel picks it). Its split merges need clusters, so below
-// sm_90 code (no push merge compiled) it serves only the plans it runs unsplit. It sits
+// The single-token sparse decode kernel (plan_token_kernel picks it). Its split merges are sm_90 code (clusters,
+// PDL), so below sm_90 code (no push merge compiled) it serves only the plans it runs unsplit. It sits
 // beside the general paged kernel (kernel.cuh, sm_80+) because it serves the same decode plans: one query
 // token per CTA (or cluster of splits), head dim 128, a GQA group of at most 16 heads (M3: 16), top-k <= 32
 // blocks, pages of a multiple of 64 tokens; one token per request, or MTP (up to kTokenMaxQoLen tokens per
@@ -22,7 +22,9 @@
 //    end: token_fp8_loop.cuh);
 //  * splits (<= 16) merge inside a thread-block cluster through distributed shared memory
 //    by pushing (kPushMerge, where the plan's clusters fit: see push_merge_receive below), else
-//    through split_merge.cuh (the general kernel's pull merge; bitwise the same).
+//    through split_merge.cuh (the general kernel's pull merge; bitwise the same); a dense plan of more splits
+//    than a cluster holds writes each split's rows to the workspace, merged by a second kernel
+//    (token_merge_kernel.cu).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,7 +50,6 @@
 #include "cuda/decode/token_config.h"
 #include "cuda/decode/token_fp8_loop.cuh"
 #include "cuda/decode/token_logits.cuh"
-#include "cuda/decode/token_parts_merge.cuh"
 #include "cuda/decode/token_trace.cuh"
 
 namespace msa::detail::cuda::decode {
@@ -176,12 +177,6 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   const int g = blockIdx.y, split = blockIdx.z, S = gridDim.z;
   // Dense (no block indexes): every block of the token's visible range, split s taking a contiguous share.
   const bool dense = p.block_idx == nullptr;
-  // The merge's clusters: the S splits form one (S <= 16), or a dense plan's S = parts x CS form `parts` clusters of
-  // CS = 16, 8 or 4 whose merged rows meet again in the workspace (token_parts_merge.cuh). cluster_rank: the
-  // split's place in its cluster.
-  const bool two_level = S > kp.cluster_size;
-  const int CS = two_level ? kp.cluster_size : S;
-  const int cluster_rank = two_level ? split & (CS - 1) : split;
   // CTA x serves token ti of request b: x = (b << tq_shift) + ti, 2^tq_shift = TQ rounded up to a power of
   // two (TQ = the plan's tokens per request: 1 for plain decode, up to kTokenMaxQoLen for MTP). A shift,
   // not a division by TQ: b addresses the first trip's reads (a division there cost D-B1 ~0.02 us).
@@ -301,14 +296,14 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
   if (!has_token) return;  // every CTA of this (request, head) cluster returns here
   const int G = p.group_size;
-  // Rows of the group the CTA of cluster rank `split` owns in a merge: r = split + jS < G.
+  // Rows of the group split `split` owns in a merge: r = split + jS < G.
   // x / S for 0 <= x <= 47 and S <= 16 without a division: (x * ceil(2^16 / S)) >> 16 == x / S (the
   // product's excess, x * (ceil(2^16/S) - 2^16/S) / 2^16 < 1/S, never carries past the next multiple of
   // 1/S); kp.split_magic = ceil(2^16 / S) comes from the host (computed here, ptxas sank its division to
   // the use). Used on warp 0's path (the split range) and in the merge tail, where each division was an
   // integer-division sequence on the path from the last MMA to the sends.
   const auto div_s = [&](int x) { return static_cast<int>((static_cast<uint32_t>(x) * kp.split_magic) >> 16); };
-  const auto owned_rows = [&] { return cluster_rank < G ? div_s(G - 1 - cluster_rank) + 1 : 0; };
+  const auto owned_rows = [&] { return split < G ? div_s(G - 1 - split) + 1 : 0; };
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) {
@@ -316,7 +311,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
         arch::mbarrier_init(merge_bar, 1);
         arch::fence_mbarrier_init();
-        arch::mbarrier_arrive_expect_tx(merge_bar, static_cast<uint32_t>(owned_rows() * CS * (D * 4 + 4)));
+        arch::mbarrier_arrive_expect_tx(merge_bar, static_cast<uint32_t>(owned_rows() * S * (D * 4 + 4)));
       }
       arch::cluster_arrive_relaxed();
     }
@@ -448,7 +443,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) {
-      const int rows_per_split = div_s(kTokenRows + CS - 1);
+      const int rows_per_split = div_s(kTokenRows + S - 1);
       uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
       float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);
       float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);
@@ -459,8 +454,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         const int r = kF8 ? tid >> 3 : (lane >> 2) + 8 * j;
         if (r >= G) continue;
         const int q = div_s(r);
-        const unsigned owner = static_cast<unsigned>(r - q * CS);
-        const int slot = cluster_rank * rows_per_split + q;
+        const unsigned owner = static_cast<unsigned>(r - q * S);
+        const int slot = split * rows_per_split + q;
         send_bar[j] = static_cast<uint64_t*>(__cluster_map_shared_rank(merge_bar, owner));
         send_o[j] = static_cast<float*>(__cluster_map_shared_rank(recv_o + slot * D, owner)) +
                     (kF8 ? 16 * (tid & 7) : warp * 32 + 2 * (lane & 3));
@@ -518,7 +513,24 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       MSA_TRACE_END(S);
       return;
     }
-    if constexpr (!kPushMerge) token_fp8_merged_fragments(merge_buf, o);  // the push merge sends row runs
+    if constexpr (!kPushMerge) {
+      if (!kp.cluster_merge) {  // splits without clusters: this split's rows to the workspace (token_merge_kernel.cu)
+        const int r = tid >> 3, c = tid & 7;
+        if (r < G) {
+          float v[16];
+          const float row_lse =
+              token_fp8_row_run<true>(merge_buf, red_max, red_sum, p.v_scale * arch::e4m3_f16_unscale(), v);
+          const int64_t at = (static_cast<int64_t>(blockIdx.x * gridDim.y + g) * S + split) * kTokenRows + r;
+          float4* dst = reinterpret_cast<float4*>(kp.part_o + at * D + 16 * c);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) dst[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+          if (c == 0) kp.part_lse[at] = row_lse;
+        }
+        MSA_TRACE_END(S);
+        return;
+      }
+      token_fp8_merged_fragments(merge_buf, o);  // the push merge sends row runs
+    }
   } else {
     int stage = 0, issue_stage = kStages - 1;
     for (int x = 0; x < n_tiles; ++x) {
@@ -647,6 +659,26 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     MSA_TRACE_END(S);
     return;
   }
+  if constexpr (!kPushMerge) {
+    if (!kF8 && !kp.cluster_merge) {  // splits without clusters: this split's rows to the workspace (token_merge_kernel.cu)
+      const int64_t at = (static_cast<int64_t>(blockIdx.x * gridDim.y + g) * S + split) * kTokenRows;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = row0 + 8 * j;
+        if (r >= G) continue;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          // A row that saw no key writes zeros (o * 0 would pass on a NaN the merge must not see).
+          const int col = warp * 32 + n * 8 + 2 * (lane & 3);
+          *reinterpret_cast<float2*>(kp.part_o + (at + r) * D + col) =
+              l_run[j] > 0.f ? make_float2(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]) : make_float2(0.f, 0.f);
+        }
+        if (warp == 0 && (lane & 3) == 0) kp.part_lse[at + r] = lse[j];
+      }
+      MSA_TRACE_END(S);
+      return;
+    }
+  }
   // The merged rows' writer (a chunk of 8 values of row r, and its lse with chunk 0).
   const auto real_row = [&](int r) { return r < G; };
   const auto emit = [&](int r, int c, const float (&acc)[8], float row_lse) {
@@ -661,7 +693,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   if constexpr (kPushMerge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     uint64_t* merge_bar = reinterpret_cast<uint64_t*>(smem + kTokenSmemMergeBar);
-    const int rows_per_split = div_s(kTokenRows + CS - 1);
+    const int rows_per_split = div_s(kTokenRows + S - 1);
     float* recv_lse = reinterpret_cast<float*>(smem + kTokenSmemRecvLse);  // [S][rows_per_split]
     float* recv_o = reinterpret_cast<float*>(smem + kTokenSmemRecvO);      // [S][rows_per_split][D]
     float* merge_w = reinterpret_cast<float*>(smem + kTokenSmemMergeW);    // [owned][17]
@@ -708,30 +740,6 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       if (lseg && col == 0) lseg[r * p.lse_stride_head] = row_lse;
     };
     const int owned = owned_rows();
-    if (two_level) {  // this cluster's merged rows go to the workspace as partial `part`, then token_parts_merge.cuh
-      if (owned == 0) return;
-      const int64_t item = static_cast<int64_t>(blockIdx.x) * gridDim.y + g;
-      const int parts = S / CS, part = split / CS;
-      float* item_o = kp.part_o + item * parts * kTokenRows * D;
-      float* item_lse = kp.part_lse + item * parts * kTokenRows;
-      const auto emit_part = [&](int r, int col, const auto& acc, float row_lse) {
-        constexpr int W = sizeof(acc) / sizeof(float);
-        float* dst = item_o + (part * kTokenRows + r) * D + col;
-#pragma unroll
-        for (int e = 0; e < W; ++e) dst[e] = acc[e];
-        if (col == 0) item_lse[part * kTokenRows + r] = row_lse;
-      };
-      // clusters of 4 or more, G <= 16: at most 4 owned rows
-      if (owned <= 1)
-        push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_part);
-      else if (owned == 2)
-        push_merge_receive<D, 2>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_part);
-      else
-        push_merge_receive<D, 4>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_part);
-      merge_parts<D>(item_o, item_lse, kp.counters + item * kTokenMaxSplits + cluster_rank, parts, cluster_rank, CS,
-                     owned, reinterpret_cast<int*>(smem + kTokenSmemCount) + 1, emit_w);
-      return;
-    }
 #ifdef MSA_TOKEN_TRACE
     // The same code twice (one copy, not unrolled): mark 15 after the first pass, 16 after the second,
     // whose instructions are in the instruction cache - how much of the merge is code fetch. (A second
@@ -740,13 +748,13 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     for (int rep = 0; rep < 2; ++rep) {
 #endif
     if (owned <= 1)
-      push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 1>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     else if (owned == 2)
-      push_merge_receive<D, 2>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 2>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     else if (owned <= 4)
-      push_merge_receive<D, 4>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 4>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
     else
-      push_merge_receive<D, 8>(recv_o, recv_lse, merge_w, CS, cluster_rank, rows_per_split, owned, real_row, emit_w);
+      push_merge_receive<D, 8>(recv_o, recv_lse, merge_w, S, split, rows_per_split, owned, real_row, emit_w);
 #ifdef MSA_TOKEN_TRACE
       MSA_TRACE_MARK(15 + rep, 0);
     }

@@ -1,10 +1,10 @@
 """Dense decode at long context: few items (one request, one or four KV heads) split over the whole GPU. The
-single-token kernel takes each split's range of at most 32 blocks, merging in clusters (of 16, 8 or 4) by pushes
-and then through the workspace, one counter per cluster rank (plan.describe() says merge=push+workspace); the general kernel
-(MSA_PAGED_TOKEN_KERNEL=0) merges in clusters of 16 and then through the workspace (merge=cluster+workspace).
+single-token kernel takes each split's range of at most 32 blocks without clusters, every split's rows merged by a
+second kernel (plan.describe() says merge=kernel); the general kernel (MSA_PAGED_TOKEN_KERNEL=0) merges in clusters
+of 16 and then through the workspace (merge=cluster+workspace).
 Both against the float64 reference: bf16 and fp8 K/V (two pools and the halves of one interleaved pool), lse
 included, outputs poisoned, ragged and empty requests, MTP, non-causal; and under a CUDA graph replayed with
-the lengths changing (the arrival counters reset themselves). Plans of more requests than one wave of splits holds:
+the lengths changing (the general kernel's arrival counters reset themselves). Plans of more requests than one wave of splits holds:
 bf16 K/V on the general kernel, fp8 K/V on the single-token kernel in several waves (plan.describe(): fp8_paged).
 
     PYTHONPATH=build/python:tests/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_dense_decode.py
@@ -64,7 +64,7 @@ def run(plan, prob, fp8, interleaved=False):
 
 
 def expected_merge(kernel):
-    return "push+workspace" if kernel == "token" else "cluster+workspace"
+    return "kernel" if kernel == "token" else "cluster+workspace"
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -109,7 +109,7 @@ def test_dense_decode_cases(rng, kernel, case):
         if case == "one_cluster":
             assert plan.describe().get("merge") == "push", plan.describe()
         elif case not in ("few_splits", "mtp"):  # (those take one cluster of 16 or fewer splits)
-            assert plan.describe().get("merge") == "push+workspace", plan.describe()
+            assert plan.describe().get("merge") == "kernel", plan.describe()
     run(plan, prob, fp8, interleaved)
 
 
@@ -159,8 +159,8 @@ def check_graph_replays(plan, heads, max_kv, fp8, length_sets, rng):
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_two_level_merge_under_a_graph(rng, kernel, fp8):
-    """One plan captured once; 12 replays with the length changing (some steps shorter than one cluster's share)."""
+def test_dense_merge_under_a_graph(rng, kernel, fp8):
+    """One plan captured once; 12 replays with the length changing (some steps shorter than one split's share)."""
     plan = plan_for(1, 65536, 16, 1)
     if mt.kernel_capability() >= (9, 0):
         assert plan.describe().get("merge") == expected_merge(kernel), plan.describe()
@@ -169,11 +169,11 @@ def test_two_level_merge_under_a_graph(rng, kernel, fp8):
 
 
 # More requests than one wave of splits of <= 32 blocks holds: (query heads, KV heads), kv_lens, fp8 splits and
-# cluster on 132 SMs. bf16 K/V keep the general kernel; fp8 K/V take the single-token kernel in several waves.
+# cluster (0: none, the merge kernel) on 132 SMs. bf16 K/V keep the general kernel; fp8 K/V take the single-token kernel in several waves.
 WAVES = {
     "tp4_one_cluster": ((16, 1), [20000, 0, 1, 129, 4097] + [500 + 211 * i for i in range(25)], 8, 8),
     "tp1_cluster_of_16": ((64, 4), [65536, 127, 128, 40000, 3000], 16, 16),
-    "tp4_parts": ((16, 1), [70000, 65537, 5, 1, 300, 4096, 128, 20000], 32, 16),
+    "tp4_no_cluster": ((16, 1), [70000, 65537, 5, 1, 300, 4096, 128, 20000], 18, 0),  # 547 blocks: 18 splits
 }
 
 
@@ -191,7 +191,7 @@ def waves_plan(case):
 @pytest.mark.parametrize("case", list(WAVES))
 def test_fp8_dense_decode_in_waves(rng, case, interleaved):
     """fp8 K/V of a dense plan of many requests: one cluster of a power of two splits per item (two CTAs a SM), or
-    clusters of 16 merged again through the workspace past 512 blocks, in as many waves as they take; the plan's
+    past 512 blocks splits without clusters merged by the second kernel, in as many waves as they take; the plan's
     bf16 runs stay on the general kernel. Ragged and empty requests, both pool layouts, lse, outputs poisoned."""
     heads, kv = WAVES[case][:2]
     prob = mt.make_problem(rng, qo_lens=[1] * len(kv), kv_lens=kv, num_qo_heads=heads[0], num_kv_heads=heads[1],
@@ -201,7 +201,7 @@ def test_fp8_dense_decode_in_waves(rng, case, interleaved):
     run(plan, prob, False)
 
 
-@pytest.mark.parametrize("case", ["tp4_one_cluster", "tp4_parts"])
+@pytest.mark.parametrize("case", ["tp4_one_cluster", "tp4_no_cluster"])
 def test_fp8_dense_waves_under_a_graph(rng, case):
     """The fp8 waves plan captured once, 6 replays with every length, q and K/V changing in place."""
     heads, kv = WAVES[case][:2]
