@@ -1,7 +1,7 @@
 """A NaN or an Inf in K across the kernels' split merges: a row that sees such a key is NaN in o and in lse, as the
 float64 reference is, whichever split, partial or cluster rank holds the key, also where it is the row's only
 non-empty split; no other row changes. Decode on both paged kernels (splits in a cluster, the workspace merge,
-dense splits over parts), bf16 and fp8 caches; prefill on the Hopper decompositions and the portable ones (the
+dense splits merged by the second kernel), bf16 and fp8 caches; prefill on the Hopper decompositions and the portable ones (the
 KV-major partials and their LSE merge). Outputs are poisoned (NaN) before every run.
 
     PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_non_finite.py
@@ -55,7 +55,7 @@ DECODE = {  # name: (kv_lens, KV heads, pattern, MSA_PAGED_TOKEN_KERNEL)
     "token_batch": ([9000, 130, 5000, 2600], 2, "random", "1"),
     "general_splits": ([20000], 2, "random", "0"),         # the general kernel's cluster / workspace merges
     "general_batch": ([9000, 130, 5000, 2600], 2, "random", "0"),
-    "dense_parts": ([40000], 2, None, "1"),                # clusters merged again over parts
+    "dense_merge_kernel": ([40000], 2, None, "1"),         # splits without clusters, merged by a second kernel
     "dense_general": ([40000, 3000], 2, None, "0"),
 }
 # lone: the key's split is its row's only non-empty one (sparse rows only: a dense row has no selection to narrow)
