@@ -302,8 +302,10 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
 // The selection's own arguments, shared by select_topk and merge_candidates: checked, then into p.
 static void selection_args(const char* fn, bool gpu, const Device& dev, int64_t T, int64_t H, int topk, int force_begin,
                            int force_end, const TensorView& out, bool causal, SelectTopkParams& p) {
-  const int max_topk = gpu ? 64 : 1 << 20;
-  MSA_CHECK(topk >= 1 && topk <= max_topk, kValue, fn, ": argument 'topk': expected 1..", max_topk, ", got ", topk);
+  constexpr int kMaxTopk = 1 << 20, kMaxGpuTopk = 64;  // the GPU kernels' registers hold 64 slots a row
+  MSA_CHECK(topk >= 1 && topk <= kMaxTopk, kValue, fn, ": argument 'topk': expected 1..", kMaxTopk, ", got ", topk);
+  MSA_CHECK(!gpu || topk <= kMaxGpuTopk, kNotImplemented, fn, ": argument 'topk': the CUDA backend selects 1..",
+            kMaxGpuTopk, " blocks a row, got ", topk);
   MSA_CHECK(force_begin >= 0, kValue, fn, ": argument 'force_begin': expected >= 0, got ", force_begin);
   MSA_CHECK(force_end >= 0, kValue, fn, ": argument 'force_end': expected >= 0, got ", force_end);
   MSA_CHECK(force_begin + force_end <= topk, kValue, fn,

@@ -136,11 +136,9 @@ def msa_sparse_prefill_main(
     scale = (q.shape[2] ** -0.5 if sm_scale is None else sm_scale) * _unit(q_scale) * _unit(k_scale)
     qo_indptr, kv_lens = cu_seqlens.to(torch.int32), seq_lens.to(torch.int32)
     block_idx = _cpu_blocks_past_end_as_empty(topk_idx.permute(1, 0, 2).to(torch.int32), qo_indptr, kv_lens)
-    o = torch_ops.attention(plan, q, k_paged, v_paged, page_table, qo_indptr, kv_lens, block_idx=block_idx,
-                            qo_offset=prefix_lens.to(torch.int32), sm_scale=scale)
-    if v_scale is not None and v_scale != 1.0:
-        o.mul_(v_scale)
-    return o
+    # v_scale goes to the kernel, which folds it into each row's normalization (o rounded once to q's dtype)
+    return torch_ops.attention(plan, q, k_paged, v_paged, page_table, qo_indptr, kv_lens, block_idx=block_idx,
+                               qo_offset=prefix_lens.to(torch.int32), sm_scale=scale, v_scale=_unit(v_scale))
 
 
 def build_msa_decode_meta(

@@ -628,3 +628,24 @@ def test_cuda_graph_scores_topk_with_changing_lengths(rng):
         prob.page_table = page_table.cpu().numpy()
         want = ref_scores(prob, nb)
         assert_scores_equal(to_thk(s_ref, "HKT"), want)
+
+
+def test_selection_topk_limits_name_their_error_kind():
+    """top-k past the CUDA kernels' 64 slots a row is valid input this backend cannot run (NotImplementedError, as the
+    contract's error kinds say; the CPU backend takes it); outside 1..2^20 it is a bad value on both (ValueError)."""
+    T, H, nb = 3, 2, 80
+    qo_indptr = torch.tensor([0, T], dtype=torch.int32)
+    kv_lens = torch.tensor([nb * 128], dtype=torch.int32)
+    s = torch.randn(T, H, nb)
+    cpu_ids = msa.select_topk(s.numpy(), qo_indptr.numpy(), kv_lens.numpy(), 65, layout="THK", causal=False)
+    assert np.asarray(cpu_ids).shape == (T, H, 65)
+    d = dict(qo_indptr=qo_indptr.cuda(), kv_lens=kv_lens.cuda())
+    with pytest.raises(NotImplementedError, match="topk.*1..64.*got 65"):
+        msa.select_topk(s.cuda(), d["qo_indptr"], d["kv_lens"], 65, layout="THK", causal=False)
+    for bad in (0, (1 << 20) + 1):
+        with pytest.raises(ValueError, match="argument 'topk'"):
+            msa.select_topk(s.cuda(), d["qo_indptr"], d["kv_lens"], bad, layout="THK", causal=False)
+    cand_s = torch.randn(2, T, H, 40).cuda()  # two ranks' candidates
+    cand_i = torch.randint(0, nb, (2, T, H, 40), dtype=torch.int32).cuda()
+    with pytest.raises(NotImplementedError, match="topk.*1..64.*got 65"):
+        msa.merge_candidates(cand_s, cand_i, d["qo_indptr"], d["kv_lens"], 65, nb, causal=False)

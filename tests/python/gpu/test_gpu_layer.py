@@ -1,5 +1,6 @@
 """msa.sparse_attention_layer on the GPU: equal to the three steps done separately, close to the CPU
-backend, and captured once in a CUDA graph for decode while lengths and selections change between replays."""
+backend, captured once in a CUDA graph for decode while lengths and selections change between replays, and the
+deep checks that validate=True adds on CUDA tensors (the layer's steps, build_page_table)."""
 import numpy as np
 import pytest
 
@@ -135,3 +136,38 @@ def test_layer_decode_forms_equal_steps(rng, case):
         prob.v_cache = v.float().cpu().numpy().astype(np.float64) * scales["v_scale"]
     o_ref, _ = mt.ref_attention(prob)
     mt.assert_close(o.float().cpu().numpy(), o_ref)
+
+
+def test_layer_validate_reaches_the_steps_on_cuda(rng):
+    """validate=True runs each step's deep check on CUDA tensors: a page id outside the pool is refused, naming
+    'page_table' (without it the GPU reads such a page as holding no keys); the output is the unchecked call's."""
+    qo_lens, kv_lens = [1, 1], [3000, 700]
+    prob, q_index, k_index = _m3_problem(rng, qo_lens, kv_lens)
+    t = _cuda(prob, q_index, k_index)
+    plan = msa.plan_decode(2, 1, 4096, device="cuda", num_qo_heads=64, num_kv_heads=4, topk=16)
+    args = [t["q"], t["k_cache"], t["v_cache"], t["q_index"], t["k_index"], t["page_table"], t["qo_indptr"],
+            t["kv_lens"]]
+    o = msa.sparse_attention_layer(plan, *args, validate=True)
+    torch.cuda.synchronize()
+    assert torch.equal(o, msa.sparse_attention_layer(plan, *args))
+    bad = t["page_table"].clone()
+    bad[0, 0] = 10**6
+    args[5] = bad
+    msa.sparse_attention_layer(plan, *args)  # unchecked: runs, reads no page outside the pool
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="'page_table'"):
+        msa.sparse_attention_layer(plan, *args, validate=True)
+
+
+def test_build_page_table_validate_on_cuda(rng):
+    """validate=True reads req_pool_indices and seq_lens on the host and refuses a row outside req_to_token."""
+    r2t = torch.arange(4 * 512, dtype=torch.int32, device="cuda").view(4, 512)
+    seq_lens = torch.tensor([300, 17], dtype=torch.int32, device="cuda")
+    good = torch.tensor([3, 0], dtype=torch.int32, device="cuda")
+    pt = msa.build_page_table(r2t, good, seq_lens, 64, validate=True)
+    assert pt.cpu().tolist()[1][:2] == [0, -1] and pt.cpu().tolist()[0][:5] == [24, 25, 26, 27, 28]
+    bad = torch.tensor([0, 6], dtype=torch.int32, device="cuda")
+    msa.build_page_table(r2t, bad, seq_lens, 64)  # unchecked: no error, nothing read outside req_to_token
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="'req_pool_indices'"):
+        msa.build_page_table(r2t, bad, seq_lens, 64, validate=True)
