@@ -293,7 +293,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
     push_fits = splits > 1 && !merge_kernel;
     if (merge_kernel) {
       for (const KernelVariant v : kVariants)
-        if (prepare_kernel(dev.device, token_kernel_entry(v.dtype, v.kv_dtype), kTokenThreads, dense_smem) < 1) return false;
+        if (prepare_kernel(dev.device, token_kernel_entry(v.dtype, v.kv_dtype), kTokenThreads, dense_smem) < 1)
+          return false;
     }
   } else if (so.fixed_split_blocks > 0) {
     if (ceil_div64(c.topk, so.fixed_split_blocks) > kTokenMaxSplits) return false;
@@ -339,7 +340,9 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
                   : alone_long                                                ? kTokenStagesFp8AlonePerSm
                                                                               : kTokenStagesFp8Shallow;
   st.push_merge = push_fits && splits > 1;
-  st.smem_bytes = dense_smem > 0 ? dense_smem : st.push_merge ? token_push_smem_bytes(static_cast<int>(splits)) : kTokenSmemBytes;
+  st.smem_bytes = dense_smem > 0   ? dense_smem
+                  : st.push_merge ? token_push_smem_bytes(static_cast<int>(splits))
+                                  : kTokenSmemBytes;
   st.spec_qo_len = tq;
   st.pdl = dev.cc >= 90;  // sm_80 code has no griddepcontrol.wait: its launches must not overlap the previous kernel
   st.prewait_prefetch = st.pdl;

@@ -520,7 +520,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
           float v[16];
           const float row_lse =
               token_fp8_row_run<true>(merge_buf, red_max, red_sum, p.v_scale * arch::e4m3_f16_unscale(), v);
-          const int64_t at = (static_cast<int64_t>(blockIdx.x * gridDim.y + g) * S + split) * kTokenRows + r;
+          const int64_t at = ((static_cast<int64_t>(blockIdx.x) * gridDim.y + g) * S + split) * kTokenRows + r;
           float4* dst = reinterpret_cast<float4*>(kp.part_o + at * D + 16 * c);
 #pragma unroll
           for (int k = 0; k < 4; ++k) dst[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
@@ -661,7 +661,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
   if constexpr (!kPushMerge) {
     if (!kF8 && !kp.cluster_merge) {  // splits without clusters: this split's rows to the workspace (token_merge_kernel.cu)
-      const int64_t at = (static_cast<int64_t>(blockIdx.x * gridDim.y + g) * S + split) * kTokenRows;
+      const int64_t at = ((static_cast<int64_t>(blockIdx.x) * gridDim.y + g) * S + split) * kTokenRows;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int r = row0 + 8 * j;

@@ -58,8 +58,8 @@ __global__ void __launch_bounds__(kMergeThreads) token_merge_kernel(const __grid
 #pragma unroll
     for (int i = 0; i < kPartsPerThread; ++i) {
       const int s = s0 + group + kPartGroups * i;
-      x[i] = s < S ? __ldcg(reinterpret_cast<const float4*>(item_o + (static_cast<int64_t>(s) * kTokenRows + r) * D) + quad)
-                   : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4* row = reinterpret_cast<const float4*>(item_o + (static_cast<int64_t>(s) * kTokenRows + r) * D);
+      x[i] = s < S ? __ldcg(row + quad) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
   float4 x[kPartsPerThread];
