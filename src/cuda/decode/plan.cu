@@ -220,8 +220,8 @@ DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaP
 
 // The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
 // request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
-// splits merge in a cluster; below sm_90 code only plans it runs unsplit, where its ~104 KB of shared
-// memory fit); and MTP plans of up to kTokenMaxQoLen tokens per request when the
+// splits merge in a cluster, or a dense plan's many splits by token_merge_kernel.cu; below sm_90 code only
+// plans it runs unsplit, where its ~104 KB of shared memory fit); and MTP plans of up to kTokenMaxQoLen tokens per request when the
 // general kernel would also take one token per tile (G > 8: 16 rows per token), one CTA (or cluster)
 // per token. Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns it off (core/knobs.h:
 // the general kernel). dense_waves: a dense plan's splits may take several waves (plan_token_dense_splits).
@@ -237,7 +237,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
   if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
   // Split merge: the push merge of token_kernel.cuh where its clusters fit (D-B1 10.24 -> 8.42 us against
   // the pull merge, same run), else the pull merge of split_merge.cuh (bitwise the same result). Push takes
-  // kTokenSmemPushBytes when the plan splits.
+  // kTokenSmemPushBytes when the plan splits. (Dense plans of more than 16 splits: plan_token_dense_splits.)
   int per_sm = INT32_MAX;
   for (const KernelVariant v : kVariants) {
     per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(v.dtype, v.kv_dtype), kTokenThreads,

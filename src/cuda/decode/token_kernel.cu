@@ -1,4 +1,5 @@
-// Instances of the single-token decode kernel: (bf16, fp16) q x (16-bit, fp8 e4m3) cache x (pull merge, push merge).
+// Instances of the single-token decode kernel: (bf16, fp16) q x (16-bit, fp8 e4m3) cache x (pull merge, push merge;
+// the pull instance also writes the splits of the dense plans' merge kernel).
 #include "cuda/decode/kernel_table.h"
 #include "cuda/decode/token_kernel.cuh"
 

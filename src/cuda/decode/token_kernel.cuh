@@ -1,5 +1,6 @@
-// The single-token sparse decode kernel (plan_token_kernel picks it). Its split merges are sm_90 code (clusters,
-// PDL), so below sm_90 code (no push merge compiled) it serves only the plans it runs unsplit. It sits
+// The single-token sparse decode kernel (plan_token_kernel picks it). Its split plans are sm_90 only (cluster
+// merges; the dense plans' merge kernel), so below sm_90 code (no push merge compiled) it serves only the plans it
+// runs unsplit. It sits
 // beside the general paged kernel (kernel.cuh, sm_80+) because it serves the same decode plans: one query
 // token per CTA (or cluster of splits), head dim 128, a GQA group of at most 16 heads (M3: 16), top-k <= 32
 // blocks, pages of a multiple of 64 tokens; one token per request, or MTP (up to kTokenMaxQoLen tokens per
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         bitonic(std::integral_constant<int, 32>{});
     }
   }
-  if (!has_token) return;  // every CTA of this (request, head) cluster returns here
+  if (!has_token) return;  // every split of this (request, head) returns here
   const int G = p.group_size;
   // Rows of the group split `split` owns in a merge: r = split + jS < G.
   // x / S for 0 <= x <= 47 and S <= 16 without a division: (x * ceil(2^16 / S)) >> 16 == x / S (the
@@ -632,7 +633,7 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
 
   MSA_TRACE_MARK(12, __float_as_uint(o[0][0]) + __float_as_uint(l_run[0]));  // the tile loop done
-  // ---- 5. normalize; write o / lse, or this split's rows for the cluster merge -----------------------
+  // ---- 5. normalize; write o / lse, or this split's rows for its merge ----------------------------------
   float inv[2], lse[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
