@@ -113,7 +113,8 @@ def main():
     short = [int(x) for x in rng.integers(0, 3000, 29)]
     check("fp8 decode dense, token kernel in waves, one cluster", prob([1] * 30, [16500] + short, pattern=None),
           fp8=True)
-    check("fp8 decode dense, token kernel in waves, merge kernel", prob([1] * 8, [66000] + short[:7], pattern=None), fp8=True)
+    check("fp8 decode dense, token kernel in waves, merge kernel", prob([1] * 8, [66000] + short[:7], pattern=None),
+          fp8=True)
     os.environ["MSA_PAGED_TOKEN_KERNEL"] = "0"  # the general kernel's two-level merge
     check("fp8 decode dense, general kernel, two-level merge", prob([1], [40000], pattern=None), fp8=True)
     del os.environ["MSA_PAGED_TOKEN_KERNEL"]

@@ -4,8 +4,9 @@ second kernel (plan.describe() says merge=kernel); the general kernel (MSA_PAGED
 of 16 and then through the workspace (merge=cluster+workspace).
 Both against the float64 reference: bf16 and fp8 K/V (two pools and the halves of one interleaved pool), lse
 included, outputs poisoned, ragged and empty requests, MTP, non-causal; and under a CUDA graph replayed with
-the lengths changing (the general kernel's arrival counters reset themselves). Plans of more requests than one wave of splits holds:
-bf16 K/V on the general kernel, fp8 K/V on the single-token kernel in several waves (plan.describe(): fp8_paged).
+the lengths changing (the general kernel's arrival counters reset themselves). Plans of more requests than one
+wave of splits holds: bf16 K/V on the general kernel, fp8 K/V on the single-token kernel in several waves
+(plan.describe(): fp8_paged).
 
     PYTHONPATH=build/python:tests/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_dense_decode.py
 """
@@ -169,7 +170,8 @@ def test_dense_merge_under_a_graph(rng, kernel, fp8):
 
 
 # More requests than one wave of splits of <= 32 blocks holds: (query heads, KV heads), kv_lens, fp8 splits and
-# cluster (0: none, the merge kernel) on 132 SMs. bf16 K/V keep the general kernel; fp8 K/V take the single-token kernel in several waves.
+# cluster (0: none, the merge kernel) on 132 SMs. bf16 K/V keep the general kernel; fp8 K/V take the single-token
+# kernel in several waves.
 WAVES = {
     "tp4_one_cluster": ((16, 1), [20000, 0, 1, 129, 4097] + [500 + 211 * i for i in range(25)], 8, 8),
     "tp1_cluster_of_16": ((64, 4), [65536, 127, 128, 40000, 3000], 16, 16),

@@ -1,8 +1,8 @@
 """A NaN or an Inf in K across the kernels' split merges: a row that sees such a key is NaN in o and in lse, as the
 float64 reference is, whichever split, partial or cluster rank holds the key, also where it is the row's only
 non-empty split; no other row changes. Decode on both paged kernels (splits in a cluster, the workspace merge,
-dense splits merged by the second kernel), bf16 and fp8 caches; prefill on the Hopper decompositions and the portable ones (the
-KV-major partials and their LSE merge). Outputs are poisoned (NaN) before every run.
+dense splits merged by the second kernel), bf16 and fp8 caches; prefill on the Hopper decompositions and the
+portable ones (the KV-major partials and their LSE merge). Outputs are poisoned (NaN) before every run.
 
     PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_non_finite.py
 """
