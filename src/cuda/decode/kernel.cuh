@@ -84,6 +84,54 @@ __device__ bool find_scan_tile(const SeqParams& s, int tile_tokens, int64_t x, i
   return b_out >= 0;
 }
 
+// The epilogue of a tile whose warps each hold all keys of their rows (one key group) and that is not split (the
+// portable prefill's 128-row tiles): per row, its four threads sum l and form the scale 1 / l (times out_scale) and
+// the lse once, then write o x scale in q's type to shared memory (a row of D + 8 elements: the fragments' 4-byte
+// writes of 8 rows meet 32 banks), and the CTA stores 16-byte runs of the real rows. Per row the same arithmetic as
+// the general epilogue's (a row that saw nothing writes o = 0 and lse = -inf; a NaN l leaves o unscaled and lse NaN),
+// without its fp32 staging, its per-chunk division and logarithm, or its key-group weights.
+template <int ROWS, int MT, int D, typename T, typename RealRow, typename RowO, typename RowLse>
+__device__ __forceinline__ void epilogue_one_group(const float (&o)[MT][D / 8][4], const float (&m_run)[MT][2],
+                                                   const float (&l_run)[MT][2], T* so, int warp_row0, const RealRow& real_row,
+                                                   const RowO& row_o, const RowLse& row_lse, bool with_lse,
+                                                   float out_scale) {
+  constexpr int kStride = D + 8;  // elements of a staged row
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    float scale[2];
+    bool none[2];
+    const int r0 = warp_row0 + 16 * t + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float l = l_run[t][j];
+      l += __shfl_xor_sync(kFullMask, l, 1);
+      l += __shfl_xor_sync(kFullMask, l, 2);
+      const float m = m_run[t][j];
+      none[j] = m == -INFINITY && l == 0.f;  // no key: the general epilogue skips the group (o = 0)
+      scale[j] = l > 0.f ? 1.f / l * out_scale : 1.f;
+      float lse = l == 0.f ? -INFINITY : l;
+      if (l > 0.f) lse = (m + log2f(l)) * kLn2;
+      if (with_lse && (lane & 3) == 0 && real_row(r0 + 8 * j)) *row_lse(r0 + 8 * j) = lse;
+    }
+    T* w0 = so + r0 * kStride + (lane & 3) * 2;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const float a = none[0] ? 0.f : o[t][n][0] * scale[0], b = none[0] ? 0.f : o[t][n][1] * scale[0];
+      const float c = none[1] ? 0.f : o[t][n][2] * scale[1], d = none[1] ? 0.f : o[t][n][3] * scale[1];
+      *reinterpret_cast<uint32_t*>(w0 + n * 8) = arch::pack2<T>(a, b);
+      *reinterpret_cast<uint32_t*>(w0 + 8 * kStride + n * 8) = arch::pack2<T>(c, d);
+    }
+  }
+  __syncthreads();
+  constexpr int kChunks = D / 8;  // 16-byte runs of a row in q's type
+  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += blockDim.x) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    if (!real_row(r)) continue;
+    *reinterpret_cast<uint4*>(row_o(r) + c * 8) = *reinterpret_cast<const uint4*>(so + r * kStride + c * 8);
+  }
+}
+
 // T: q's and o's type; KV: the cache's (T, or E4M3: fp8 tiles converted in shared memory, fp8_tile.cuh).
 template <typename T, typename KV, int D, int ROWS, int KEYS, int MT>
 __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileConfig<D, ROWS, KEYS, MT>::kMinBlocksPerSm)
@@ -232,9 +280,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
         __syncthreads();
         n_list = scratch[kScratchListLen];
       } else {
-        if (tid < kp.list_cap) sort_buf[tid] = key;
-        __syncthreads();
-        sort_keys<kThreads>(sort_buf, kp.list_cap);
+        sort_keys_in_registers<kThreads>(key, sort_buf, kp.list_cap);  // one_entry: list_cap <= kThreads
         n_list = compact_runs<kThreads>(sort_buf, kp.list_cap, list_blk, list_mask, scratch);
         __syncthreads();
       }
@@ -605,6 +651,20 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
   // ---- 5. epilogue: combine key groups, normalize, write o / lse or the split's partial --------------
   arch::cp_async_wait<0>();
   __syncthreads();  // the stages (and Q) are free: the fp32 epilogue aliases them
+  T* og = static_cast<T*>(p.o);
+  const auto real_row = [&](int r) { return (r >> gp_shift) < nt && (r & (GP - 1)) < G; };
+  if constexpr (kWK == 1) {
+    if (S == 1) {  // one key group, no split: each thread normalizes its own rows in registers (epilogue_one_group)
+      epilogue_one_group<ROWS, kMT, D>(o, m_run, l_run, reinterpret_cast<T*>(smem + L.epi), wr * kWarpRows, real_row, [&](int r) {
+        return og + (tok_base + (r >> gp_shift)) * p.o_stride_token +
+               static_cast<int64_t>(g * G + (r & (GP - 1))) * p.o_stride_head;
+      }, [&](int r) {
+        return p.lse + (tok_base + (r >> gp_shift)) * p.lse_stride_token +
+               static_cast<int64_t>(g * G + (r & (GP - 1))) * p.lse_stride_head;
+      }, p.lse != nullptr, kF8 ? p.v_scale * arch::e4m3_f16_unscale() : p.v_scale);
+      return;
+    }
+  }
   constexpr int kEpi = C::kEpiStride;
   float* eo = reinterpret_cast<float*>(smem + L.epi);  // [WK][ROWS][D + 8]
   float* em = eo + kWK * ROWS * kEpi;                   // [WK][ROWS] running max (exp2 domain)
@@ -633,7 +693,6 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
   __syncthreads();
 
   const int64_t item = static_cast<int64_t>(blockIdx.x) * gridDim.y + g;
-  T* og = static_cast<T*>(p.o);
   const auto store_o = [&](int64_t tok, int head, int c, const float (&v)[8]) {
     uint4 pk;
     pk.x = arch::pack2<T>(v[0], v[1]);
@@ -642,7 +701,6 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
     pk.w = arch::pack2<T>(v[6], v[7]);
     *reinterpret_cast<uint4*>(og + tok * p.o_stride_token + static_cast<int64_t>(head) * p.o_stride_head + c * 8) = pk;
   };
-  const auto real_row = [&](int r) { return (r >> gp_shift) < nt && (r & (GP - 1)) < G; };
   const auto emit = [&](int r, int c, const float (&acc)[8], float lse) {
     const int64_t tok = tok_base + (r >> gp_shift);
     const int head = g * G + (r & (GP - 1));
