@@ -84,17 +84,17 @@ __device__ bool find_scan_tile(const SeqParams& s, int tile_tokens, int64_t x, i
   return b_out >= 0;
 }
 
-// The epilogue of a tile whose warps each hold all keys of their rows (one key group) and that is not split (the
-// portable prefill's 128-row tiles): per row, its four threads sum l and form the scale 1 / l (times out_scale) and
+// The epilogue of a tile whose warps each hold all keys of their rows (one key group: the 64- and 128-row tiles) and
+// that is not split (the portable prefill's tiles; decode at G > 16 unsplit): per row, its four threads sum l and form the scale 1 / l (times out_scale) and
 // the lse once, then write o x scale in q's type to shared memory (a row of D + 8 elements: the fragments' 4-byte
 // writes of 8 rows meet 32 banks), and the CTA stores 16-byte runs of the real rows. Per row the same arithmetic as
 // the general epilogue's (a row that saw nothing writes o = 0 and lse = -inf; a NaN l leaves o unscaled and lse NaN),
 // without its fp32 staging, its per-chunk division and logarithm, or its key-group weights.
 template <int ROWS, int MT, int D, typename T, typename RealRow, typename RowO, typename RowLse>
 __device__ __forceinline__ void epilogue_one_group(const float (&o)[MT][D / 8][4], const float (&m_run)[MT][2],
-                                                   const float (&l_run)[MT][2], T* so, int warp_row0, const RealRow& real_row,
-                                                   const RowO& row_o, const RowLse& row_lse, bool with_lse,
-                                                   float out_scale) {
+                                                   const float (&l_run)[MT][2], T* so, int warp_row0,
+                                                   const RealRow& real_row, const RowO& row_o, const RowLse& row_lse,
+                                                   bool with_lse, float out_scale) {
   constexpr int kStride = D + 8;  // elements of a staged row
   const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -655,13 +655,17 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
   const auto real_row = [&](int r) { return (r >> gp_shift) < nt && (r & (GP - 1)) < G; };
   if constexpr (kWK == 1) {
     if (S == 1) {  // one key group, no split: each thread normalizes its own rows in registers (epilogue_one_group)
-      epilogue_one_group<ROWS, kMT, D>(o, m_run, l_run, reinterpret_cast<T*>(smem + L.epi), wr * kWarpRows, real_row, [&](int r) {
+      const auto row_o = [&](int r) {
         return og + (tok_base + (r >> gp_shift)) * p.o_stride_token +
                static_cast<int64_t>(g * G + (r & (GP - 1))) * p.o_stride_head;
-      }, [&](int r) {
+      };
+      const auto row_lse = [&](int r) {
         return p.lse + (tok_base + (r >> gp_shift)) * p.lse_stride_token +
                static_cast<int64_t>(g * G + (r & (GP - 1))) * p.lse_stride_head;
-      }, p.lse != nullptr, kF8 ? p.v_scale * arch::e4m3_f16_unscale() : p.v_scale);
+      };
+      epilogue_one_group<ROWS, kMT, D>(o, m_run, l_run, reinterpret_cast<T*>(smem + L.epi), wr * kWarpRows, real_row,
+                                       row_o, row_lse, p.lse != nullptr,
+                                       kF8 ? p.v_scale * arch::e4m3_f16_unscale() : p.v_scale);
       return;
     }
   }
