@@ -85,9 +85,10 @@ __device__ bool find_scan_tile(const SeqParams& s, int tile_tokens, int64_t x, i
 }
 
 // The epilogue of a tile whose warps each hold all keys of their rows (one key group: the 64- and 128-row tiles) and
-// that is not split (the portable prefill's tiles; decode at G > 16 unsplit): per row, its four threads sum l and form the scale 1 / l (times out_scale) and
-// the lse once, then write o x scale in q's type to shared memory (a row of D + 8 elements: the fragments' 4-byte
-// writes of 8 rows meet 32 banks), and the CTA stores 16-byte runs of the real rows. Per row the same arithmetic as
+// that is not split (the portable prefill's tiles; decode at G > 16 unsplit): per row, its four threads sum l and
+// form the scale 1 / l (times out_scale) and the lse once, then write o x scale in q's type to shared memory (a row
+// of D + 8 elements: the fragments' 4-byte writes of 8 rows meet 32 banks), and the CTA stores 16-byte runs of the
+// real rows. Per row the same arithmetic as
 // the general epilogue's (a row that saw nothing writes o = 0 and lse = -inf; a NaN l leaves o unscaled and lse NaN),
 // without its fp32 staging, its per-chunk division and logarithm, or its key-group weights.
 template <int ROWS, int MT, int D, typename T, typename RealRow, typename RowO, typename RowLse>
