@@ -63,9 +63,9 @@ __device__ void sort_keys(int32_t* keys, int n) {
 }
 
 // The same sort of keys[0, n) for n <= THREADS (a power of two), with thread i holding entry i in a register
-// (key; threads i >= n pass kNoEntry): the strides below 32 go through warp shuffles, the others through keys[] behind
-// two barriers each, so a list of 128 entries takes 6 barriers instead of sort_keys' 28 (the prefill tiles'
-// lists: 8 tokens x top-16). Every thread must call it; keys[0, n) hold the sorted entries on return.
+// (key; threads i >= n pass kNoEntry): the strides below 32 go through warp shuffles, the others through keys[]
+// behind two barriers each, so a list of 128 entries takes 7 barriers instead of sort_keys' 29 (the prefill
+// tiles' lists: 8 tokens x top-16). Every thread must call it; keys[0, n) hold the sorted entries on return.
 template <int THREADS>
 __device__ void sort_keys_in_registers(int32_t key, int32_t* keys, int n) {
   const int i = threadIdx.x;
