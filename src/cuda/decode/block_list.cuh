@@ -40,8 +40,8 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
   return before + x - v;
 }
 
-// Ascending bitonic sort of keys[0, n) in shared memory by the whole CTA, n a power of two (lists
-// of more than 32 entries; smaller ones take build_list_in_warp). Every thread must call it; keys
+// Ascending bitonic sort of keys[0, n) in shared memory by the whole CTA, n a power of two (lists of more than THREADS
+// entries; up to 32 take build_list_in_warp, up to THREADS sort_keys_in_registers). Every thread must call it; keys
 // must be visible to all threads on entry (after a barrier) and are on return.
 template <int THREADS>
 __device__ void sort_keys(int32_t* keys, int n) {
@@ -64,8 +64,9 @@ __device__ void sort_keys(int32_t* keys, int n) {
 
 // The same sort of keys[0, n) for n <= THREADS (a power of two), with thread i holding entry i in a register
 // (key; threads i >= n pass kNoEntry): the strides below 32 go through warp shuffles, the others through keys[]
-// behind two barriers each, so a list of 128 entries takes 7 barriers instead of sort_keys' 29 (the prefill
-// tiles' lists: 8 tokens x top-16). Every thread must call it; keys[0, n) hold the sorted entries on return.
+// behind two barriers each, plus one at the end: 7 barriers for a list of 128 entries (the prefill tiles' lists: 8
+// tokens x top-16), against 29 for the fill's barrier and sort_keys' 28. Every thread must call it; keys[0, n) hold
+// the sorted entries on return.
 template <int THREADS>
 __device__ void sort_keys_in_registers(int32_t key, int32_t* keys, int n) {
   const int i = threadIdx.x;

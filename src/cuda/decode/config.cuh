@@ -85,7 +85,8 @@ struct SmemLayout {
   uint32_t stages = 0;     // stages x (K tile, V tile); Q staging; the fp32 epilogue aliases it all
   uint32_t conv = 0;       // fp8 K/V: the converted 16-bit tile (and Q staging), before the fp8 stages
   uint32_t q = 0;          // Q tile (only when Q does not live in registers)
-  uint32_t epi = 0;        // epilogue: WK x ROWS x (D+8) floats, then WK x ROWS m, l
+  uint32_t epi = 0;        // epilogue: WK x ROWS x (D+8) floats, then WK x ROWS m, l (one key group, unsplit:
+                           // ROWS x (D+8) elements of q's type, epilogue_one_group)
   uint32_t part = 0;       // after the epilogue: a split's normalized rows (ROWS x D fp32, ROWS lse)
                            // for the merge inside a cluster; usable when part_end <= ring_off
   uint32_t part_end = 0;

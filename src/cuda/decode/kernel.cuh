@@ -13,7 +13,8 @@
 //     resolves the key's page through the page table one tile ahead of its load, into a ring of
 //     offsets; invisible keys (past the causal frontier or kv_len, bad page) are zero-filled;
 //  4. per warp: S = Q K^T (mma.sync m16n8k16), mask, online softmax in the exp2 domain, O += P V;
-//  5. combine the key-group warps, normalize, write o / lse (one split) or an fp32 partial; the last
+//  5. combine the key-group warps, normalize, write o / lse (one split; one key group: epilogue_one_group, in
+//     registers) or an fp32 partial; the last
 //     split of an item to finish (arrival counter) merges the partials in split order
 //     (split_merge.cuh) and resets the counter for the next launch (CUDA graph replay).
 // Launched with programmatic stream serialization on sm_90, the grid may start while the previous
@@ -85,12 +86,12 @@ __device__ bool find_scan_tile(const SeqParams& s, int tile_tokens, int64_t x, i
 }
 
 // The epilogue of a tile whose warps each hold all keys of their rows (one key group: the 64- and 128-row tiles) and
-// that is not split (the portable prefill's tiles; decode at G > 16 unsplit): per row, its four threads sum l and
-// form the scale 1 / l (times out_scale) and the lse once, then write o x scale in q's type to shared memory (a row
-// of D + 8 elements: the fragments' 4-byte writes of 8 rows meet 32 banks), and the CTA stores 16-byte runs of the
-// real rows. Per row the same arithmetic as
-// the general epilogue's (a row that saw nothing writes o = 0 and lse = -inf; a NaN l leaves o unscaled and lse NaN),
-// without its fp32 staging, its per-chunk division and logarithm, or its key-group weights.
+// that is not split (the portable prefill's tiles when unsplit; decode at G > 16 unsplit): per row, its four threads
+// sum l and form the scale 1 / l (times out_scale) and the lse once, then write o x scale in q's type to shared
+// memory (a row of D + 8 elements: the fragments' 4-byte writes of 8 rows meet 32 banks), and the CTA stores 16-byte
+// runs of the real rows. Per row the same arithmetic as the general epilogue's (a row that saw nothing writes o = 0
+// and lse = -inf; a NaN l leaves o unscaled and lse NaN), without its fp32 staging, its per-chunk division and
+// logarithm, or its key-group weights.
 template <int ROWS, int MT, int D, typename T, typename RealRow, typename RowO, typename RowLse>
 __device__ __forceinline__ void epilogue_one_group(const float (&o)[MT][D / 8][4], const float (&m_run)[MT][2],
                                                    const float (&l_run)[MT][2], T* so, int warp_row0,
@@ -651,7 +652,7 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
 
   // ---- 5. epilogue: combine key groups, normalize, write o / lse or the split's partial --------------
   arch::cp_async_wait<0>();
-  __syncthreads();  // the stages (and Q) are free: the fp32 epilogue aliases them
+  __syncthreads();  // the stages (and Q) are free: the epilogue's staging (fp32; one key group: q's type) aliases them
   T* og = static_cast<T*>(p.o);
   const auto real_row = [&](int r) { return (r >> gp_shift) < nt && (r & (GP - 1)) < G; };
   if constexpr (kWK == 1) {
