@@ -136,7 +136,8 @@ __device__ __forceinline__ void epilogue_one_group(const float (&o)[MT][D / 8][4
 
 // T: q's and o's type; KV: the cache's (T, or E4M3: fp8 tiles converted in shared memory, fp8_tile.cuh).
 template <typename T, typename KV, int D, int ROWS, int KEYS, int MT>
-__global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileConfig<D, ROWS, KEYS, MT>::kMinBlocksPerSm)
+__global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads,
+                                  TileConfig<D, ROWS, KEYS, MT>::kMinBlocksPerSm)
     paged_attention_kernel(const __grid_constant__ KernelParams kp) {
   using C = TileConfig<D, ROWS, KEYS, MT>;
   constexpr bool kF8 = kIsFp8<KV>;
@@ -254,7 +255,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
       const int r = idx / kCpr, c = idx % kCpr;
       const int i = r >> gp_shift, h = r & (GP - 1);
       const bool ok = i < nt && h < G;
-      const T* src = ok ? qg + (tok_base + i) * p.q_stride_token + static_cast<int64_t>(g * G + h) * p.q_stride_head + c * 8
+      const T* src = ok ? qg + (tok_base + i) * p.q_stride_token + static_cast<int64_t>(g * G + h) * p.q_stride_head +
+                              c * 8
                         : qg;
       arch::cp_async_16(qs + r * kRowBytes + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
     }
@@ -609,7 +611,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads, TileC
       }
 #pragma unroll
       for (int t = 0; t < kMT; ++t) {
-        const float base[2] = {m_run[t][0] == -INFINITY ? 0.f : m_run[t][0], m_run[t][1] == -INFINITY ? 0.f : m_run[t][1]};
+        const float base[2] = {m_run[t][0] == -INFINITY ? 0.f : m_run[t][0],
+                               m_run[t][1] == -INFINITY ? 0.f : m_run[t][1]};
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
 #pragma unroll
