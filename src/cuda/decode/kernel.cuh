@@ -14,9 +14,8 @@
 //     offsets; invisible keys (past the causal frontier or kv_len, bad page) are zero-filled;
 //  4. per warp: S = Q K^T (mma.sync m16n8k16), mask, online softmax in the exp2 domain, O += P V;
 //  5. combine the key-group warps, normalize, write o / lse (one split; one key group: epilogue_one_group, in
-//     registers) or an fp32 partial; the last
-//     split of an item to finish (arrival counter) merges the partials in split order
-//     (split_merge.cuh) and resets the counter for the next launch (CUDA graph replay).
+//     registers) or an fp32 partial; the last split of an item to finish (arrival counter) merges the partials
+//     in split order (split_merge.cuh) and resets the counter for the next launch (CUDA graph replay).
 // Launched with programmatic stream serialization on sm_90, the grid may start while the previous
 // kernel of the stream finishes: every device read comes after arch::grid_dependency_wait().
 #pragma once
