@@ -643,19 +643,28 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   }
   T* og = static_cast<T*>(p.o) + q0 * p.o_stride_token + static_cast<int64_t>(g) * G * p.o_stride_head;
   float* lseg = p.lse ? p.lse + q0 * p.lse_stride_token + static_cast<int64_t>(g) * G * p.lse_stride_head : nullptr;
-  if (!kF8 && S == 1) {
+  // This thread's o fragments of rows below `rows`: pair(r, j, n, col) for each pair of adjacent columns (o[n][2j],
+  // o[n][2j + 1]), then row_lse(r, j) on the one thread that writes row r's lse.
+  const auto for_each_fragment = [&](int rows, auto&& pair, auto&& row_lse) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = row0 + 8 * j;
-      if (r >= G) continue;
+      if (r >= rows) continue;
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        const int col = warp * 32 + n * 8 + 2 * (lane & 3);
-        *reinterpret_cast<uint32_t*>(og + r * p.o_stride_head + col) =
-            arch::pack2<T>(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]);
-      }
-      if (lseg && warp == 0 && (lane & 3) == 0) lseg[r * p.lse_stride_head] = lse[j];
+      for (int n = 0; n < 4; ++n) pair(r, j, n, warp * 32 + n * 8 + 2 * (lane & 3));
+      if (warp == 0 && (lane & 3) == 0) row_lse(r, j);
     }
+  };
+  if (!kF8 && S == 1) {
+    for_each_fragment(
+        G,
+        [&](int r, int j, int n, int col) {
+          *reinterpret_cast<uint32_t*>(og + r * p.o_stride_head + col) =
+              arch::pack2<T>(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]);
+        },
+        [&](int r, int j) {
+          if (lseg) lseg[r * p.lse_stride_head] = lse[j];
+        });
     MSA_TRACE_MARK(15, 0);
     MSA_TRACE_END(S);
     return;
@@ -663,19 +672,14 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   if constexpr (!kPushMerge) {
     if (!kF8 && !kp.cluster_merge) {  // splits without clusters: this split's rows to the workspace (token_merge_kernel.cu)
       const int64_t at = ((static_cast<int64_t>(blockIdx.x) * gridDim.y + g) * S + split) * kTokenRows;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int r = row0 + 8 * j;
-        if (r >= G) continue;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          // A row that saw no key writes zeros (o * 0 would pass on a NaN the merge must not see).
-          const int col = warp * 32 + n * 8 + 2 * (lane & 3);
-          *reinterpret_cast<float2*>(kp.part_o + (at + r) * D + col) =
-              l_run[j] > 0.f ? make_float2(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]) : make_float2(0.f, 0.f);
-        }
-        if (warp == 0 && (lane & 3) == 0) kp.part_lse[at + r] = lse[j];
-      }
+      for_each_fragment(
+          G,
+          [&](int r, int j, int n, int col) {
+            // A row that saw no key writes zeros (o * 0 would pass on a NaN the merge must not see).
+            *reinterpret_cast<float2*>(kp.part_o + (at + r) * D + col) =
+                l_run[j] > 0.f ? make_float2(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]) : make_float2(0.f, 0.f);
+          },
+          [&](int r, int j) { kp.part_lse[at + r] = lse[j]; });
       MSA_TRACE_END(S);
       return;
     }
@@ -709,17 +713,15 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
         if ((tid & 7) == 0) arch::st_async(send_lse[0], row_lse, send_bar[0]);
       }
     } else {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (row0 + 8 * j >= G) continue;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          // A row that saw no key sends zeros (o * 0 would pass on a NaN the merge must not see).
-          const float v[2] = {l_run[j] > 0.f ? o[n][2 * j] * inv[j] : 0.f, l_run[j] > 0.f ? o[n][2 * j + 1] * inv[j] : 0.f};
-          arch::st_async(send_o[j] + n * 8, v, send_bar[j]);
-        }
-        if (warp == 0 && (lane & 3) == 0) arch::st_async(send_lse[j], lse[j], send_bar[j]);
-      }
+      for_each_fragment(
+          G,
+          [&](int, int j, int n, int) {
+            // A row that saw no key sends zeros (o * 0 would pass on a NaN the merge must not see).
+            const float v[2] = {l_run[j] > 0.f ? o[n][2 * j] * inv[j] : 0.f,
+                                l_run[j] > 0.f ? o[n][2 * j + 1] * inv[j] : 0.f};
+            arch::st_async(send_o[j] + n * 8, v, send_bar[j]);
+          },
+          [&](int, int j) { arch::st_async(send_lse[j], lse[j], send_bar[j]); });
     }
     MSA_TRACE_MARK(13, 0);  // rows sent
     arch::mbarrier_wait_cluster(merge_bar, 0u);
@@ -770,16 +772,12 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   __syncthreads();
   float* po = reinterpret_cast<float*>(smem + kTokenSmemStages);
   float* plse = po + kTokenRows * D;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int r = row0 + 8 * j;
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const int col = warp * 32 + n * 8 + 2 * (lane & 3);
-      *reinterpret_cast<float2*>(po + r * D + col) = make_float2(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]);
-    }
-    if (warp == 0 && (lane & 3) == 0) plse[r] = lse[j];
-  }
+  for_each_fragment(
+      kTokenRows,
+      [&](int r, int j, int n, int col) {
+        *reinterpret_cast<float2*>(po + r * D + col) = make_float2(o[n][2 * j] * inv[j], o[n][2 * j + 1] * inv[j]);
+      },
+      [&](int r, int j) { plse[r] = lse[j]; });
   MSA_TRACE_MARK(13, 0);  // rows staged
   merge_splits_in_cluster<D, kTokenRows, kTokenThreads>(arch::smem_addr(po), arch::smem_addr(plse), S, split, real_row,
                                                         emit);
