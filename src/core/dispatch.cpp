@@ -236,8 +236,8 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
         .device(dev).size(0, k_index.size(0), "num_pages, as k_index").size(1, k_index.size(1), "num_k_heads")
         .size(2, k_index.size(2), "page_size").nonneg_strides();
   } else {
-    MSA_CHECK(!k_scale.defined(), kValue, fn, ": argument 'k_scale': only used with float8_e4m3fn k_index, got k_index ",
-              dtype_name(k_index.dtype()));
+    MSA_CHECK(!k_scale.defined(), kValue, fn,
+              ": argument 'k_scale': only used with float8_e4m3fn k_index, got k_index ", dtype_name(k_index.dtype()));
   }
   const int64_t Hk = k_index.size(1);
   MSA_CHECK(Hk >= 1 && H % Hk == 0, kValue, fn, ": argument 'k_index': expected shape[1] (num_k_heads) to divide ",
@@ -452,8 +452,8 @@ void merge_candidates(const TensorView& cand_scores, const TensorView& cand_ids,
     reference::merge_candidates(p);
 }
 
-void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const TensorView& o, const TensorView& lse_out,
-                  const RunOptions& opts) {
+void merge_states(const TensorView& v_parts, const TensorView& lse_parts, const TensorView& o,
+                  const TensorView& lse_out, const RunOptions& opts) {
   const char* fn = "msa.merge_states";
   const Device dev = v_parts.device();
   const bool gpu = dev.is_cuda();

@@ -39,7 +39,8 @@ struct TileFacts {
 // The 16-bit and the fp8 layouts of `stages` 16-bit stages.
 template <int D, int ROWS, int KEYS, int MT>
 std::pair<SmemLayout, SmemLayout> layouts(int stages, int list_cap) {
-  return {smem_layout<D, ROWS, KEYS, MT>(stages, list_cap), smem_layout<D, ROWS, KEYS, MT>(fp8_stages(stages), list_cap, true)};
+  return {smem_layout<D, ROWS, KEYS, MT>(stages, list_cap),
+          smem_layout<D, ROWS, KEYS, MT>(fp8_stages(stages), list_cap, true)};
 }
 template <int D, int ROWS, int KEYS = default_tile_keys(D), int MT = default_tile_mtiles(D, ROWS)>
 TileFacts facts_of() {
@@ -218,13 +219,13 @@ DenseSplits plan_token_dense_splits(int64_t items, const Plan& plan, const CudaP
   return best.splits >= need ? best : DenseSplits{};
 }
 
-// The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per
-// request, head dim 128, G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its
-// splits merge in a cluster, or a dense plan's many splits by token_merge_kernel.cu; below sm_90 code only
-// plans it runs unsplit, where its ~104 KB of shared memory fit); and MTP plans of up to kTokenMaxQoLen tokens per request when the
-// general kernel would also take one token per tile (G > 8: 16 rows per token), one CTA (or cluster)
-// per token. Fills `st` and returns true when it does. MSA_PAGED_TOKEN_KERNEL=0 turns it off (core/knobs.h:
-// the general kernel). dense_waves: a dense plan's splits may take several waves (plan_token_dense_splits).
+// The single-token decode kernel (token_kernel.cuh) takes a decode plan of one query token per request, head dim 128,
+// G <= 16, top-k <= 32 and pages of a multiple of 64 tokens, on sm_90 (its splits merge in a cluster, or a dense plan's
+// many splits by token_merge_kernel.cu; below sm_90 code only plans it runs unsplit, where its ~104 KB of shared memory
+// fit); and MTP plans of up to kTokenMaxQoLen tokens per request when the general kernel would also take one token per
+// tile (G > 8: 16 rows per token), one CTA (or cluster) per token. Fills `st` and returns true when it does.
+// MSA_PAGED_TOKEN_KERNEL=0 turns it off (core/knobs.h: the general kernel). dense_waves: a dense plan's splits may take
+// several waves (plan_token_dense_splits).
 bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bool dense_waves = false) {
   const AttentionConfig& c = plan.config();
   if (!knobs::token_decode_kernel("msa.plan_decode")) return false;
@@ -233,7 +234,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
   const bool dense = c.topk == 0;  // every block of the visible range (plan_token_dense_splits)
   if (c.group_size() < 1 || c.group_size() > kTokenRows || c.topk < 0 || c.topk > kTokenMaxTopk) return false;
   if (tq > 1 && 2 * c.group_size() <= kTokenRows) return false;  // the general kernel packs several tokens per tile
-  if (static_cast<int64_t>(plan.batch_size()) * std::bit_ceil(static_cast<unsigned>(tq)) > INT32_MAX) return false;  // grid.x
+  if (static_cast<int64_t>(plan.batch_size()) * std::bit_ceil(static_cast<unsigned>(tq)) > INT32_MAX)
+    return false;  // grid.x
   if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
   // Split merge: the push merge of token_kernel.cuh where its clusters fit (D-B1 10.24 -> 8.42 us against
   // the pull merge, same run), else the pull merge of split_merge.cuh (bitwise the same result). Push takes
@@ -248,10 +250,11 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
   // Clusters of n CTAs that fit the device at once, with the push merge's shared memory or the pull's.
   const auto clusters_fit = [&](int64_t n, bool with_push) {
     int fit = INT32_MAX;
-    for (const KernelVariant v : kVariants)
-      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(v.dtype, v.kv_dtype, with_push), kTokenThreads,
-                                            with_push ? token_push_smem_bytes(static_cast<int>(n)) : kTokenSmemBytes,
-                                            static_cast<int>(n)));
+    for (const KernelVariant v : kVariants) {
+      const uint32_t smem = with_push ? token_push_smem_bytes(static_cast<int>(n)) : kTokenSmemBytes;
+      fit = std::min(fit, clusters_that_fit(dev.device, token_kernel_entry(v.dtype, v.kv_dtype, with_push),
+                                            kTokenThreads, smem, static_cast<int>(n)));
+    }
     return fit;
   };
   // The push merge's shared memory (token_push_smem_bytes: 112.7 KB for a power-of-two split count,
@@ -361,10 +364,11 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
 
 std::string describe(const State& s) {
   if (!s.unsupported.empty()) return "paged=unsupported";
-  std::string out = s.token_kernel ? "paged=token"
-                                    : "paged=general rows=" + std::to_string(s.rows) + " keys=" + std::to_string(s.keys) +
-                                          " warp_rows=" + std::to_string(16 * s.mtiles) +
-                                          " tile_tokens=" + std::to_string(s.tile_tokens);
+  std::string out = s.token_kernel
+                        ? "paged=token"
+                        : "paged=general rows=" + std::to_string(s.rows) + " keys=" + std::to_string(s.keys) +
+                              " warp_rows=" + std::to_string(16 * s.mtiles) +
+                              " tile_tokens=" + std::to_string(s.tile_tokens);
   out += " splits=" + std::to_string(s.splits);
   if (s.fixed_split_blocks > 0) out += " fixed_split_blocks=" + std::to_string(s.fixed_split_blocks);
   const char* merge = s.splits <= 1              ? "none"
@@ -373,7 +377,8 @@ std::string describe(const State& s) {
                       : !s.cluster_merge          ? "workspace"
                       : s.cluster_size < s.splits ? "cluster+workspace"
                                                   : "pull";
-  return out + " merge=" + merge + " stages=" + std::to_string(s.stages) + " fp8_stages=" + std::to_string(s.stages_fp8);
+  return out + " merge=" + merge + " stages=" + std::to_string(s.stages) +
+         " fp8_stages=" + std::to_string(s.stages_fp8);
 }
 
 std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
@@ -478,9 +483,9 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
       --stages;
   }
   const uint32_t smem = facts.smem_bytes(stages, list_cap);
-  MSA_CHECK(smem <= static_cast<uint32_t>(optin), kNotImplemented, fn, ": the CUDA paged attention kernel for head_dim ",
-            D, ", ", rows, " rows and topk ", c.topk, " needs ", smem, " bytes of shared memory; ",
-            device_name(plan.device()), " allows ", optin);
+  MSA_CHECK(smem <= static_cast<uint32_t>(optin), kNotImplemented, fn,
+            ": the CUDA paged attention kernel for head_dim ", D, ", ", rows, " rows and topk ", c.topk, " needs ",
+            smem, " bytes of shared memory; ", device_name(plan.device()), " allows ", optin);
   st->stages = stages;
   st->smem_bytes = smem;
   st->stages_fp8 = fp8_stages(stages);
@@ -491,7 +496,8 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   // Splits. A work item is (tile, KV head); its block list has at most n_max entries.
   const int64_t items = st->num_tiles * c.num_kv_heads;
   const int64_t kv_blocks = std::max<int64_t>(ceil_div64(plan.max_kv_len(), kBlock), 1);
-  const int64_t n_max = c.topk > 0 ? std::min<int64_t>(static_cast<int64_t>(tile_tokens) * c.topk, kv_blocks) : kv_blocks;
+  const int64_t n_max =
+      c.topk > 0 ? std::min<int64_t>(static_cast<int64_t>(tile_tokens) * c.topk, kv_blocks) : kv_blocks;
   const SplitOptions& so = plan.split_options();
   int64_t splits = 1;
   if (so.fixed_split_blocks > 0) {

@@ -89,9 +89,11 @@ constexpr uint32_t token_push_smem_bytes(int splits) {
 }
 constexpr uint32_t kTokenSmemPushBytes = kTokenSmemRecvO + kTokenRecvRows * kTokenHeadDim * 4u;  // any S <= 16
 
-static_assert(kTokenRows * kTokenHeadDim * 4u + kTokenRows * 4u <= kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
+static_assert(kTokenRows * kTokenHeadDim * 4u + kTokenRows * 4u <=
+                  kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
               "the merge rows fit the stage memory");
-static_assert(kTokenStagesFp8 * 2u * kTokenTileKeys * kTokenHeadDim <= kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
+static_assert(kTokenStagesFp8 * 2u * kTokenTileKeys * kTokenHeadDim <=
+                  kTokenStages * 2u * kTokenTileKeys * kTokenHeadDim * 2u,
               "the fp8 ring fits the 16-bit ring's bytes");
 static_assert(kTokenSmemTiles % 8 == 0, "tile records hold int64 offsets");
 static_assert(kTokenSmemMergeBar % 8 == 0 && kTokenSmemRecvO % 16 == 0, "barrier and row alignment");

@@ -167,7 +167,8 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
     const int visible = tiles[x].visible;
     // Every shared load first (volatile asm keeps program order).
     const KRowFp8 k0 = {{arch::ld_shared_v4(st + k_at0), arch::ld_shared_v4(st + k_at1)}};
-    const KRowFp8 k1 = {{arch::ld_shared_v4(st + k_at0 + 8 * kRowBytes), arch::ld_shared_v4(st + k_at1 + 8 * kRowBytes)}};
+    const KRowFp8 k1 = {
+        {arch::ld_shared_v4(st + k_at0 + 8 * kRowBytes), arch::ld_shared_v4(st + k_at1 + 8 * kRowBytes)}};
     const uint4 v[4] = {arch::ld_shared_v4(st + v_at0), arch::ld_shared_v4(st + v_at1),
                         arch::ld_shared_v4(st + v_at0 + 8 * kRowBytes), arch::ld_shared_v4(st + v_at1 + 8 * kRowBytes)};
     // K's fragments widened, then checked for the NaN encoding at once (below sm_89 code: one HMNMX2 per
@@ -184,7 +185,8 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
-        for (int n = 0; n < 2; ++n) kb[kk][n] = make_uint2(arch::e4m3_raw_nan_fix(kb[kk][n].x), arch::e4m3_raw_nan_fix(kb[kk][n].y));
+        for (int n = 0; n < 2; ++n)
+          kb[kk][n] = make_uint2(arch::e4m3_raw_nan_fix(kb[kk][n].x), arch::e4m3_raw_nan_fix(kb[kk][n].y));
     }
     float s[2][4];
 #pragma unroll
@@ -286,7 +288,8 @@ __device__ __forceinline__ void token_tile_loop_fp8(const Fp8TileCopy& copy, con
       for (int q = 0; q < 4; ++q) {
         const int e = 2 * j + h;
         *reinterpret_cast<float4*>(mine + r * kTokenHeadDim + 4 * token_fp8_merge_chunk(r, 8 * t + 4 * h + q)) =
-            make_float4(ow[4 * q][e] * wt[j], ow[4 * q + 1][e] * wt[j], ow[4 * q + 2][e] * wt[j], ow[4 * q + 3][e] * wt[j]);
+            make_float4(ow[4 * q][e] * wt[j], ow[4 * q + 1][e] * wt[j], ow[4 * q + 2][e] * wt[j],
+                        ow[4 * q + 3][e] * wt[j]);
       }
   }
   __syncthreads();

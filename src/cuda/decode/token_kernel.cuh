@@ -182,7 +182,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   // two (TQ = the plan's tokens per request: 1 for plain decode, up to kTokenMaxQoLen for MTP). A shift,
   // not a division by TQ: b addresses the first trip's reads (a division there cost D-B1 ~0.02 us).
   const int TQ = kp.spec_qo_len;
-  const int b = static_cast<int>(blockIdx.x >> kp.tq_shift), ti = static_cast<int>(blockIdx.x & ((1u << kp.tq_shift) - 1u));
+  const int b = static_cast<int>(blockIdx.x >> kp.tq_shift),
+            ti = static_cast<int>(blockIdx.x & ((1u << kp.tq_shift) - 1u));
   // A full batch of TQ tokens per request has request b's token ti at row x_cta.
   const int64_t x_cta = static_cast<int64_t>(b) * TQ + ti;
   const uint32_t s_stages = arch::smem_addr(smem) + kTokenSmemStages;
@@ -258,7 +259,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     if (ok) {
       const uint32_t ps = static_cast<uint32_t>(p.k.page_size);
       // entry * 128 < kv_hi <= INT32_MAX, so ju < 2^31 + 64: 32-bit unsigned arithmetic is exact.
-      const uint32_t ju[2] = {static_cast<uint32_t>(entry) * kBlock, static_cast<uint32_t>(entry) * kBlock + kTokenTileKeys};
+      const uint32_t ju[2] = {static_cast<uint32_t>(entry) * kBlock,
+                              static_cast<uint32_t>(entry) * kBlock + kTokenTileKeys};
       uint32_t lp[2];
       if (kp.page_shift >= 0) {  // one branch for both tiles (a power-of-two page: every plan the bench makes)
         lp[0] = ju[0] >> kp.page_shift, lp[1] = ju[1] >> kp.page_shift;
@@ -378,9 +380,9 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
       ++at;
     }
     if (t1)
-      tiles[at] = TokenTile{pg1 * p.k.stride_page + of1 * p.k.stride_token + kh,
-                            pg1 * p.v.stride_page + of1 * p.v.stride_token + vh,
-                            static_cast<int32_t>(min(static_cast<int64_t>(kTokenTileKeys), kv_hi - j0 - kTokenTileKeys)), 0};
+      tiles[at] = TokenTile{
+          pg1 * p.k.stride_page + of1 * p.k.stride_token + kh, pg1 * p.v.stride_page + of1 * p.v.stride_token + vh,
+          static_cast<int32_t>(min(static_cast<int64_t>(kTokenTileKeys), kv_hi - j0 - kTokenTileKeys)), 0};
   }
   __syncthreads();
   const int n_tiles = *n_tiles_smem;
@@ -414,8 +416,10 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
           const KV* vrow = fill ? vr + r * p.v.stride_token : vg;
 #pragma unroll
           for (int c = 0; c < kRowChunks; ++c) {
-            arch::cp_async_16_pred(ks + 16 * i * kLoadRowBytes + c * 128, krow + (fill ? c * 8 * kChunkElems : 0), fill);
-            arch::cp_async_16_pred(vs + 16 * i * kLoadRowBytes + c * 128, vrow + (fill ? c * 8 * kChunkElems : 0), fill);
+            arch::cp_async_16_pred(ks + 16 * i * kLoadRowBytes + c * 128, krow + (fill ? c * 8 * kChunkElems : 0),
+                                   fill);
+            arch::cp_async_16_pred(vs + 16 * i * kLoadRowBytes + c * 128, vrow + (fill ? c * 8 * kChunkElems : 0),
+                                   fill);
           }
         }
       }
@@ -670,7 +674,8 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
     return;
   }
   if constexpr (!kPushMerge) {
-    if (!kF8 && !kp.cluster_merge) {  // splits without clusters: this split's rows to the workspace (token_merge_kernel.cu)
+    // Splits without clusters: this split's rows to the workspace (token_merge_kernel.cu).
+    if (!kF8 && !kp.cluster_merge) {
       const int64_t at = ((static_cast<int64_t>(blockIdx.x) * gridDim.y + g) * S + split) * kTokenRows;
       for_each_fragment(
           G,

@@ -110,10 +110,12 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
   const auto claim_pairs = [&](int slot) {  // warp 0
     int32_t start = 0, count = 0;
     if (lane == 0 && cl.ok) {
-      cl.ok = cl.w.request >= 0 && cl.w.request < p.seqs.batch_size && cl.w.kv_head >= 0 && cl.w.kv_head < p.k.num_heads;
+      cl.ok =
+          cl.w.request >= 0 && cl.w.request < p.seqs.batch_size && cl.w.kv_head >= 0 && cl.w.kv_head < p.k.num_heads;
       start = max(cl.w.start, 0);
       const int64_t room = window_entries - start;  // entries of the window from start on
-      count = cl.ok ? static_cast<int32_t>(prefill_sm90::clamp64(min(cl.w.count, kItemTokens), 0, room > 0 ? room : 0)) : 0;
+      count =
+          cl.ok ? static_cast<int32_t>(prefill_sm90::clamp64(min(cl.w.count, kItemTokens), 0, room > 0 ? room : 0)) : 0;
       cl.count = count;
       if (cl.ok) cl.v = prefill_sm90::load_seq(p.seqs, cl.w.request);
     }
@@ -168,7 +170,8 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
       const int idx = tid + k * kThreads;
       const int row = idx / kChunks, c = idx % kChunks;
       const bool ok = row < r.valid_keys;
-      const uint32_t dst = kF8 ? kBlockBytes / 2 + row * (kRowBytes / 2) + c * 16 : row * kRowBytes + ((c ^ (row & 7)) << 4);
+      const uint32_t dst =
+          kF8 ? kBlockBytes / 2 + row * (kRowBytes / 2) + c * 16 : row * kRowBytes + ((c ^ (row & 7)) << 4);
       const unsigned char* ks = ok ? kg + (r.k_base + row * p.k.stride_token) * kElem + c * 16 : kg;
       const unsigned char* vs = ok ? vg + (r.v_base + row * p.v.stride_token) * kElem + c * 16 : vg;
       arch::cp_async_16(kb + dst, ks, ok ? 16 : 0);

@@ -298,7 +298,8 @@ __device__ __forceinline__ void fill_tile(const KvListParams& p, int32_t tile) {
     int32_t before = 0;
 #pragma unroll
     for (int i = 0; i < kKeyStripes - 1; ++i) before += i < stripe ? st[i] : 0;
-    L.pairs[window * window_entries + L.key_offset[key] + before + rank] = make_int2(token, static_cast<int32_t>(local_entry));
+    L.pairs[window * window_entries + L.key_offset[key] + before + rank] =
+        make_int2(token, static_cast<int32_t>(local_entry));
   }
 }
 
@@ -481,8 +482,9 @@ void launch_kv_merge(const KvMergeParams& p, bool pdl, cudaStream_t stream) {
   const int32_t tiles = std::min(p.lists.window_tiles, p.sched.num_tiles - first);
   if (tiles <= 0) return;
   const bool bf16 = p.dtype == ScalarType::kBF16;
-  const auto kernel = p.quad_major_partials ? (bf16 ? kv_merge_kernel<__nv_bfloat16, true> : kv_merge_kernel<__half, true>)
-                                            : (bf16 ? kv_merge_kernel<__nv_bfloat16, false> : kv_merge_kernel<__half, false>);
+  const auto kernel = p.quad_major_partials
+                          ? (bf16 ? kv_merge_kernel<__nv_bfloat16, true> : kv_merge_kernel<__half, true>)
+                          : (bf16 ? kv_merge_kernel<__nv_bfloat16, false> : kv_merge_kernel<__half, false>);
   launch_kernel(pdl, kernel, dim3(tiles), dim3(kMergeThreads), 0, stream, p);
 }
 

@@ -186,7 +186,9 @@ void run_kv_major(const PrefillState& s, const AttentionParams& p, const QMajorP
 }  // namespace
 
 std::string describe(const PrefillState& s) {
-  const char* rule = s.rule == KvMajorRule::kAlways ? "always" : s.rule == KvMajorRule::kWideUnion ? "wide-union" : "never";
+  const char* rule = s.rule == KvMajorRule::kAlways      ? "always"
+                     : s.rule == KvMajorRule::kWideUnion ? "wide-union"
+                                                         : "never";
   std::string out = std::string("sm90=prefill tiles=") + std::to_string(s.num_tiles) + " kvmajor=" + rule;
   if (s.rule != KvMajorRule::kNever)
     out += " windows=" + std::to_string(s.num_windows) + " window_tiles=" + std::to_string(s.window_tiles) +
@@ -275,7 +277,8 @@ bool can_run(const PrefillState& s, const AttentionParams& p) {
   if (p.o_stride_token % 8 != 0 || p.o_stride_head % 8 != 0) return false;
   const int64_t kv_bytes = f8 ? 1 : 2;
   for (const CacheParams* c : {&p.k, &p.v}) {
-    if (c->dim != kHeadDim || c->page_size != s.page_blocks * kBlockKeys || c->num_heads != s.num_kv_heads) return false;
+    if (c->dim != kHeadDim || c->page_size != s.page_blocks * kBlockKeys || c->num_heads != s.num_kv_heads)
+      return false;
     if (!tma_stride(c->stride_token, kv_bytes) || !tma_stride(c->stride_head, kv_bytes) ||
         !tma_stride(c->stride_page, kv_bytes))
       return false;
