@@ -62,8 +62,8 @@ constexpr Knob kTable[] = {
     {"MSA_PAGED_TOKEN_KERNEL",
      {"1", "0"},
      "0: the general paged decode kernel (cp.async + mma.sync, sm_80+) serves the decode plans that the "
-     "single-token kernel would take on sm_90 (one query token per request, or MTP at G > 8; head dim 128, "
-     "G <= 16, top-k <= 32).",
+     "single-token kernel would take (one query token per request, or MTP at G > 8; head dim 128, G <= 16, "
+     "top-k <= 32; below sm_90 code only those it runs unsplit).",
      "The general kernel is what the L40S and RTX parts run for those plans (the A100 too where they do not fill "
      "it unsplit): tests check it on the H200, and "
      "benchmarks compare the two kernels in one process."},

@@ -3,9 +3,9 @@
 // the whole CTA into the swizzled 16-bit tile its MMA loops read (16-byte chunk c of row r at byte
 // 128 * (c / 8) + ((c % 8) ^ (r % 8)) * 16 of the row): K in q's type, V in fp16 (P V then runs on fp16
 // MMAs whatever q's type: e4m3 -> fp16 is one instruction per pair on sm_89+, bf16 four; P in [0, 2^8]
-// loses nothing in fp16). The single-token kernel converts only V so; its K fragments come straight from
-// the fp8 rows (below). Every conversion is exact (arch/fp8.cuh), so an fp8 cache costs no accuracy beyond
-// its own rounding.
+// loses nothing in fp16). The single-token kernel converts neither: its K fragments (below) and its V
+// fragments (token_fp8_loop.cuh) come straight from the fp8 rows. Every conversion is exact (arch/fp8.cuh),
+// so an fp8 cache costs no accuracy beyond its own rounding.
 //
 // Shared memory of the general kernel: the converted tile takes one 16-bit stage and the fp8 ring the rest,
 // 2 (stages - 1) fp8 stages in the bytes of `stages` 16-bit ones: as many bytes in flight as the 16-bit

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(256) merge_candidates_kernel(const MergeCandid
 }
 
 // Rows longer than kTopkMaxRegBlocks blocks (1M-token contexts): a CTA of kTopkRowWarps warps per row builds the
-// row's keys in shared memory (row_words of them), then warp w takes blocks [512 C w, 512 C (w + 1)) into registers
+// row's keys in shared memory (row_words of them), then warp w takes blocks [32 C w, 32 C (w + 1)) into registers
 // and the warps search together (select_topk_row_cta_kernel, topk.cuh). One warp per such row, searching its keys
 // in shared memory, is what select_topk's long rows measured 9x slower at 1M tokens (docs/indexer.md).
 template <int C>

@@ -289,7 +289,7 @@ __device__ __forceinline__ void kv_consumer(const KvMajorParams& p, KvMajorSmem&
       if (info.item < 0) return false;
       const int32_t first_bad = info.valid ? info.kv_len - info.block * kBlockKeys : 0;  // block * 128 <= kv_len
       if (first_bad < kBlockKeys) zero_v_rows(s.v[kb], first_bad);
-      jobs_left = tiles_of(info.count, p.group_shift);  // >= 1: kv_producer skips empty items
+      jobs_left = tiles_of(info.count, p.group_shift);  // >= 1: kv_scheduler skips empty items
     }
     const uint32_t qs = q_it % kKvQStages, qph = (q_it / kKvQStages) & 1;
     ++q_it;

@@ -268,7 +268,7 @@ bool can_run(const PrefillState& s, const AttentionParams& p) {
   if ((p.block_idx != nullptr) != (s.topk > 0)) return false;
   if (!(p.sm_scale > 0.f) || !std::isfinite(p.sm_scale)) return false;  // the max is taken on raw scores
   if (p.pages.num_pages < 1 || p.seqs.total_q >= (int64_t(1) << 30)) return false;
-  // TMA: byte strides multiples of 16 and below 2^40; o is written in 4-byte pairs (query-major kernel) and
+  // TMA: byte strides multiples of 16 and below 2^39; o is written in 4-byte pairs (query-major kernel) and
   // 16-byte octets (KV-major merge).
   const auto tma_stride = [](int64_t elems, int64_t elem_bytes) {
     return elems > 0 && elems < (int64_t(1) << 39) / elem_bytes && elems * elem_bytes % 16 == 0;
