@@ -10,7 +10,7 @@
 //                                                     (CUDA: pointers and outer strides of q, k, v, o
 //                                                     16-byte aligned)
 //   page table   dense [B, max_pages] or flat [n] + indptr [B+1]       int32
-//   block_idx    [total_q, Hkv, topk]                 int32, any strides (sglang's [Hkv, T, topk]
+//   block_idx    [total_q, Hkv, topk]                 int32, any non-negative strides (sglang's [Hkv, T, topk]
 //                                                     is the same tensor permuted); -1 = empty slot
 //   o            [total_q, Hq, Dv]                    q's dtype
 //   lse          [total_q, Hq]                        fp32, natural log; -inf for empty rows
@@ -74,17 +74,17 @@ struct SelectTopkOptions {
   // Non-finite scores (NaN, -inf, +inf) are not candidates: never chosen by score (forced blocks are kept
   // whatever their score); a row with fewer finite candidates than topk - forced gets -1 slots after them.
   bool finite_only = false;
-  // int32 [batch_size, >= max_blocks], any strides: a selected block blk of a token of request b is written as
-  // block_map[b, blk] (e.g. a shard's local block -> global block); the order stays ascending in blk.
+  // int32 [batch_size, >= max_blocks], any non-negative strides: a selected block blk of a token of request b is
+  // written as block_map[b, blk] (e.g. a shard's local block -> global block); the order stays ascending in blk.
   TensorView block_map;
-  // fp32 [T, H, topk], any strides: the score scores[t, h, blk] of each written entry (forced blocks too),
-  // NaN at the -1 slots.
+  // fp32 [T, H, topk], any non-negative strides: the score scores[t, h, blk] of each written entry (forced
+  // blocks too), NaN at the -1 slots.
   TensorView out_scores;
 };
 
 // Indexer step 2 (contract §4): per (token, head) row of scores, the topk best causally valid blocks,
 // first force_begin and last force_end valid blocks always kept, NaN lowest, ties to the lower index,
-// written ascending with -1 at the tail into out [T, H, topk] (int32, any strides).
+// written ascending with -1 at the tail into out [T, H, topk] (int32, any non-negative strides).
 void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& seqs, int topk, int force_begin,
                  int force_end, const TensorView& out, bool causal = true, const RunOptions& opts = {},
                  const SelectTopkOptions& select = {});
@@ -94,7 +94,7 @@ void select_topk(const TensorView& scores, ScoreLayout layout, const Sequences& 
 // hold each candidate's score at its block id and NaN at every other block. A block proposed twice keeps the
 // higher score (NaN lowest).
 //   cand_scores fp32 [N, T, H, k], cand_ids int32 [N, T, H, k] (global block ids; < 0 or >= max_blocks: no
-//   candidate), any strides; out int32 [T, H, topk], any strides. max_blocks <= 32768 on the GPU.
+//   candidate), any non-negative strides; out int32 [T, H, topk], likewise. max_blocks <= 32768 on the GPU.
 void merge_candidates(const TensorView& cand_scores, const TensorView& cand_ids, const Sequences& seqs,
                       int max_blocks, int topk, int force_begin, int force_end, const TensorView& out,
                       bool causal = true, const RunOptions& opts = {});

@@ -1,5 +1,5 @@
 // msa._C: the nanobind module under the Python package. It turns any DLPack tensor (numpy, torch,
-// cupy, jax; any device, dtype and strides) into a non-owning msa::TensorView, calls the C++ entry
+// cupy, jax; CPU or CUDA, any dtype and strides) into a non-owning msa::TensorView, calls the C++ entry
 // points with the GIL released, and maps msa::Error kinds onto Python exceptions. Argument
 // defaults, output allocation and stream selection live in python/msa/*.py; this file only converts.
 #include <nanobind/nanobind.h>
@@ -538,7 +538,7 @@ void bind_ops(nb::module_& m) {
       "Whether a call can be given the stream -1 for like's framework's current stream, resolved through its type's "
       "DLPack C exchange API (python/msa/_framework.py resolve_stream).");
   m.def("cuda_available", &msa::cuda_available,
-        "True when this build has the CUDA backend and a GPU of compute capability >= 8.0 is visible.");
+        "True when this build has the CUDA backend and its kernels run on the current GPU as sm_80 or newer.");
   m.def("cuda_compute_capability", &msa::cuda_compute_capability,
         "The compute capability (major * 10 + minor) msa's kernels run as on the current GPU: the GPU's own, or "
         "lower where this build holds only older code for it (a build for sm_80 on an H200: 80); 0 without one.");

@@ -4,11 +4,12 @@
     o = msa.attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, block_idx=block_idx)
 
 Tensors of any DLPack framework are accepted; CPU tensors run the reference backend, CUDA tensors the
-GPU kernels. Errors: ValueError (shapes, lengths, strides), TypeError (dtypes, devices),
+GPU kernels. Errors: ValueError (shapes, lengths, strides), TypeError (dtypes, device kinds),
 NotImplementedError (valid input this build or device cannot run), RuntimeError (CUDA failures).
 Importing msa never imports torch. The semantics are those of docs/python_api.md.
 
-Beside this core, the torch-only modules: msa.torch_ops (the entry points as torch custom ops) and the
+Beside this core, the torch-only modules: msa.torch_ops (the entry points as torch custom ops),
+msa.distributed (the indexer and sparse attention sharded over torch.distributed ranks) and the
 serving-engine drop-ins of msa.engines, imported as msa.sglang, msa.fmha_sm100 and msa.flashinfer.
 """
 from ._C import cuda_available, cuda_compute_capability

@@ -108,7 +108,8 @@ def block_scores(q, k_index, page_table, qo_indptr, kv_lens, *, qo_offset=None, 
         layout: "HKT" (scores [H, max_blocks, T]) or "THK" (scores [T, H, max_blocks]).
         causal: keys after the query's position are invisible.
         out: fp32 scores in `layout`; allocated when None.
-        validate: also scan the page table on the host (synchronizes for CUDA tensors).
+        validate: CUDA tensors: also check the lengths (against the output's block extent too) and the page
+            table on the host (synchronizes). CPU tensors are always checked so.
         stream: as for msa.attention.
 
     Returns:

@@ -25,10 +25,11 @@ An op's schema cannot hold an msa.Plan, so plans travel as int handles: PlanHand
 plan and unregisters it when the PlanHandle is collected.
 
 The functions of this module (attention, block_scores, ...) take the arguments of their msa namesakes
-(docs/python_api.md) minus `stream` (always torch's current stream) and allocate missing outputs with
-torch. They call the op while torch.compile traces and for tensor subclasses (FakeTensor, functional
-tensors); for plain tensors in eager mode (CUDA-graph capture included) they call msa directly, which
-skips the dispatcher's round trip into Python (~10 us per call of host time).
+(docs/python_api.md) minus `stream` (always torch's current stream) and build_page_table's `validate`,
+and allocate missing outputs with torch. They call the op while torch.compile traces and for tensor
+subclasses (FakeTensor, functional tensors); for plain tensors in eager mode (CUDA-graph capture
+included) they call msa directly, which skips the dispatcher's round trip into Python (~10 us per call
+of host time).
 """
 import itertools
 import math

@@ -28,8 +28,9 @@ void build_page_table(const PageTableBuildParams& p);
 void write_cache(const WriteCacheParams& p);
 }  // namespace reference
 
-namespace cuda {  // src/cuda/: defined when built with CUDA, otherwise stubs that throw kNotImplemented
-bool available();                // a device of compute capability >= 8.0 is visible
+namespace cuda {  // src/cuda/: defined when built with CUDA, otherwise stubs (runtime/stub.cpp) that answer the
+                  // queries with false / 0 and throw kNotImplemented from the rest
+bool available();                // the kernels run on the current device at compute capability >= 8.0
 bool compiled();                 // this build has the CUDA backend
 int sm_count(int device);
 int smem_optin(int device);      // shared memory a CTA may opt into, bytes

@@ -302,7 +302,7 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
 // The selection's own arguments, shared by select_topk and merge_candidates: checked, then into p.
 static void selection_args(const char* fn, bool gpu, const Device& dev, int64_t T, int64_t H, int topk, int force_begin,
                            int force_end, const TensorView& out, bool causal, SelectTopkParams& p) {
-  constexpr int kMaxTopk = 1 << 20, kMaxGpuTopk = 64;  // the GPU kernels' registers hold 64 slots a row
+  constexpr int kMaxTopk = 1 << 20, kMaxGpuTopk = 64;  // kTopkMaxK of the CUDA indexer (cuda/indexer/config.h)
   MSA_CHECK(topk >= 1 && topk <= kMaxTopk, kValue, fn, ": argument 'topk': expected 1..", kMaxTopk, ", got ", topk);
   MSA_CHECK(!gpu || topk <= kMaxGpuTopk, kNotImplemented, fn, ": argument 'topk': the CUDA backend selects 1..",
             kMaxGpuTopk, " blocks a row, got ", topk);

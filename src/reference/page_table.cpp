@@ -1,6 +1,6 @@
 // Reference page-table builder: out[b, p] = req_to_token[req, p * page_size] / page_size for the
-// pages that hold the request's tokens, -1 elsewhere. Defensive: a pool row, token column or slot
-// outside its range gives -1 instead of a read out of bounds.
+// pages that hold the request's tokens, -1 elsewhere. Defensive: a pool row or token column outside
+// its range gives -1 instead of a read out of bounds, and so does a negative slot.
 #include <algorithm>
 #include <cstdint>
 

@@ -286,7 +286,7 @@ def msa_topk_select(
     clamped to [0, max_k_tiles]; default max_k_tiles). The first force_begin_blocks and the last
     force_end_blocks blocks of the extent are always selected; the others compete on score, and blocks whose
     score is not finite (-inf: no visible key; NaN) are never selected. Ties go to the lower block index.
-    topk: any in 1..64 (FlashInfer's SM90 kernels: 16). No host read, graph-capturable.
+    topk: any in 1..64 on the GPU (FlashInfer's SM90 kernels: 16). No host read, graph-capturable.
     """
     fn = _name("msa_topk_select")
     if not isinstance(max_score, torch.Tensor) or max_score.dtype != torch.float32 or max_score.dim() != 3:

@@ -62,7 +62,8 @@ class MSAUnavailableError(RuntimeError):
 
 @functools.lru_cache(maxsize=1)
 def msa_available() -> bool:
-    """True when msa was built with its CUDA kernels and a GPU of compute capability >= 8.0 is visible."""
+    """True when msa was built with its CUDA kernels and they run on the current GPU at compute capability
+    >= 8.0 (msa.cuda_available)."""
     return torch.cuda.is_available() and cuda_available()
 
 

@@ -6,10 +6,10 @@
 // tiles of KEYS keys (K and V, one cp.async stage each).
 //
 // Warps: ROWS / (16 x MT) row groups x WK key groups. With 16 rows (one decode token of a 16-head group)
-// the 4 warps split each key tile (16 keys each) and their softmax states are combined at the end;
-// with 64 rows each warp owns 16 rows and sees every key of the tile; 128-row tiles at D <= 128 (the
-// portable prefill's) have 4 warps of 32 rows (MT = 2 m-tiles: FlashAttention-2's shape, 5-14% faster
-// than 8 warps of 16 rows on the H200, docs/prefill_portable.md).
+// the KEYS / 16 warps (4; 2 at D=256) split each key tile (16 keys each) and their softmax states are
+// combined at the end; with 64 rows each warp owns 16 rows and sees every key of the tile; 128-row tiles at
+// D <= 128 (the portable prefill's) have 4 warps of 32 rows (MT = 2 m-tiles: FlashAttention-2's shape, 5-14%
+// faster than 8 warps of 16 rows on the H200, docs/prefill_portable.md).
 //
 // Why these numbers (H200: 132 SMs, 228 KB shared memory per SM, ~16 B/clk/SM of HBM at the copy
 // ceiling, ~1.5 us load latency => ~48-64 KB must be in flight per SM):
@@ -29,7 +29,7 @@ namespace msa::detail::cuda::decode {
 
 constexpr int kBlock = 128;           // tokens per selectable block (the contract's block)
 constexpr int kMaxTileTokens = 64;    // tokens per tile: one bit each in a 64-bit mask per block
-constexpr int kMaxListEntries = 8192; // token x topk entries sorted per tile (decode: <= 8 x topk)
+constexpr int kMaxListEntries = 8192; // token x topk entries sorted per tile (decode: <= 16 x topk)
 constexpr int kMaxSplits = 64;        // cap of the split count (workspace, and the last CTA's merge length)
 
 // Keys per pipeline stage: 64, 32 at D=256 (32 KB stages).
@@ -59,13 +59,15 @@ struct TileConfig {
   static constexpr int kChunksPerRow = D * 2 / 16;             // 16-byte chunks per K/V/Q row (2-byte types)
   // 3 stages keep 2 CTAs per SM (1 CTA with 4-6 stages measured 1.6-1.9x slower: see docs/decode.md).
   static constexpr int kMaxStages = D == 64 ? 4 : 3;
-  // Q fragments live in registers for D <= 128 (32 registers at D=128); at D=256 they would take 64
-  // and push the 128-register O accumulator into spills, so Q stays in shared memory there.
+  // Q fragments live in registers for D <= 128 at one m-tile a warp (32 registers at D=128); at D=256 they
+  // would take 64 and push the 128-register O accumulator into spills, so Q stays in shared memory there, as
+  // with two m-tiles a warp (twice the fragments, beside twice the O accumulator).
   static constexpr bool kQInRegs = D <= 128 && kMTiles == 1;
   static constexpr int kMinBlocksPerSm = ((ROWS == 128 && kMTiles == 1) || D == 256) ? 1 : 2;
   // Tile loads: 8 threads per K or V row, thread t8 copying 16-byte chunks t8 + 8j, so each
   // instruction moves 128 contiguous bytes of a row and the thread's swizzled destination is a
-  // per-thread base plus immediates (rows of one thread are 8 apart: same row & 7).
+  // per-thread base plus immediates (rows of one thread are kLoadRowsPerPass apart, a multiple of 8:
+  // same row & 7).
   static constexpr int kLoadRowsPerPass = kThreads / 8;
   static constexpr int kLoadPasses = kKeys / kLoadRowsPerPass;
   static constexpr int kLoadChunks = kChunksPerRow / 8;

@@ -8,8 +8,9 @@
 // so an fp8 cache costs no accuracy beyond its own rounding.
 //
 // Shared memory of the general kernel: the converted tile takes one 16-bit stage and the fp8 ring the rest,
-// 2 (stages - 1) fp8 stages in the bytes of `stages` 16-bit ones: as many bytes in flight as the 16-bit
-// ring, at twice the keys.
+// 2 (stages - 1) fp8 stages in the bytes of `stages` 16-bit ones. While a tile is consumed, 2 stages - 3 fp8
+// tiles are in flight against the 16-bit ring's stages - 1 (3 stages: three tiles of half the bytes against
+// two), half a 16-bit stage's bytes less.
 #pragma once
 
 #include <cuda_fp16.h>

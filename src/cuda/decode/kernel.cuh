@@ -503,8 +503,8 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads,
         for (int n = 0; n < kNT; ++n) s[t][n][0] = s[t][n][1] = s[t][n][2] = s[t][n][3] = 0.f;
       }
       // k-step kk = 4*hi + q covers dims [16 kk, 16 kk + 16) = chunks 8*hi + 2q (+1). With Q in
-      // shared memory (D=256) the hi loop stays rolled so the fragment loads are not all hoisted
-      // ahead of the MMAs (that would spill next to the 128-register O accumulator).
+      // shared memory (D=256, or two m-tiles a warp) the hi loop stays rolled so the fragment loads are
+      // not all hoisted ahead of the MMAs (that would spill next to the O accumulator).
 #pragma unroll(C::kQInRegs ? D / 64 : 1)
       for (int hi = 0; hi < D / 64; ++hi) {
 #pragma unroll

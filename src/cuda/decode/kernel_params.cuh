@@ -19,7 +19,7 @@ struct KernelParams {
 
   // Tiles of a request's query tokens.
   int32_t group_pad = 1;        // GP: the GQA group padded to a power of two; rows per token
-  int32_t tile_tokens = 1;      // T = ROWS / GP
+  int32_t tile_tokens = 1;      // T <= ROWS / GP
   int32_t tiles_per_req = 1;    // decode: grid.x = batch_size * tiles_per_req, tile = x % tiles_per_req
   bool scan_tiles = false;      // prefill: grid.x = sum_b ceil(qo_len_b / T), tile found by a scan of qo_indptr
 

@@ -34,7 +34,8 @@ extern template const void* kernel_for_rows<__half, E4M3, 256>(int, int, int);
 const void* kernel_entry(ScalarType dtype, ScalarType kv_dtype, int head_dim, int rows, int keys = 0, int mtiles = 0);
 
 // The single-token decode kernel (token_kernel.cuh) for dtype, with the push split merge or without it
-// (unsplit plans, and the pull merge of split_merge.cuh); nullptr when there is none.
+// (unsplit plans, the pull merge of split_merge.cuh, and the splits token_merge_kernel.cu merges); nullptr when
+// there is none.
 const void* token_kernel_entry(ScalarType dtype, ScalarType kv_dtype, bool push_merge = false);
 
 }  // namespace msa::detail::cuda::decode

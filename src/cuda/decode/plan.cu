@@ -239,7 +239,8 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
   if (c.block_size != kBlock || c.page_size % kTokenTileKeys != 0 || c.num_kv_heads > 65535) return false;
   // Split merge: the push merge of token_kernel.cuh where its clusters fit (D-B1 10.24 -> 8.42 us against
   // the pull merge, same run), else the pull merge of split_merge.cuh (bitwise the same result). Push takes
-  // kTokenSmemPushBytes when the plan splits. (Dense plans of more than 16 splits: plan_token_dense_splits.)
+  // token_push_smem_bytes(S) when the plan splits (its kernels' cap is raised to kTokenSmemPushBytes, the most
+  // of any S). (Dense plans of more than 16 splits: plan_token_dense_splits.)
   int per_sm = INT32_MAX;
   for (const KernelVariant v : kVariants) {
     per_sm = std::min(per_sm, prepare_kernel(dev.device, token_kernel_entry(v.dtype, v.kv_dtype), kTokenThreads,
@@ -258,7 +259,7 @@ bool plan_token_kernel(State& st, const Plan& plan, const CudaPlanState& dev, bo
     return fit;
   };
   // The push merge's shared memory (token_push_smem_bytes: 112.7 KB for a power-of-two split count,
-  // up to 120.7 KB otherwise) may fit fewer clusters than the pull merge's ~104 KB. Push saves ~2 us
+  // up to 119.7 KB otherwise) may fit fewer clusters than the pull merge's ~104 KB. Push saves ~2 us
   // a call (D-B1 7.2 vs 9.2 us); a block more per CTA costs about 1-1.5 us. So a plan takes push with
   // the most splits whose clusters all fit when that adds at most one block per CTA to pull's split
   // count, else pull (H200, M3-TP4, push at 120.7 KB: D-B32 push at 2 splits 19.35 us, pull at 4
@@ -404,8 +405,8 @@ std::shared_ptr<State> make_state(const Plan& plan, const CudaPlanState& dev) {
   // of a token that selected the block computes on it: with the benchmark's random selections
   // that serialized the math and measured 227 us against 165 us for one token per tile (D-mtp,
   // H200). Groups above 16 take 64 / 128 rows (several tokens per tile when they fit); prefill
-  // uses 128 rows (64 at G=1 so a tile keeps <= 64 tokens; 64 at D=256 to bound registers and
-  // shared memory).
+  // uses 128 rows (64 at G=1 so a tile keeps <= 64 tokens; at D=256, 64 or the padded group where
+  // larger, to bound registers and shared memory).
   int rows;
   if (decode) {
     const int need = max_qo * GP;

@@ -4,13 +4,14 @@
 //   cmake -S . -B build-trace -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a-real \
 //         -DCMAKE_CUDA_FLAGS=-DMSA_TOKEN_TRACE && cmake --build build-trace
 //   PYTHONPATH=build-trace/python python3 bench/decode.py --only D-B1 --iters 3
-// Thread 0 of every CTA of (request 0, KV head 0) and of (last request, KV head 0) prints, for launches
-// kTraceFirst.. of the process, its SM, its start on the global timer and each mark's clock64 offset
-// from its first mark. A mark first stores its `dep` value to shared memory (a volatile store), so it
-// is taken only after that value has arrived: marks after a load wait for the load. Marks
-// (token_kernel.cuh): 1 first round trip, 2 pages, 3 tile list, 4..11 tiles 0..7 landed (a CTA that
-// streams several blocks: their pace), 12 tile loop done, 13 rows sent (push) / staged (pull), 14 own
-// rows arrived (push), 15 merged rows written (issued), 16 the same push merge code run again (warm).
+// Thread 0 of every split CTA of (CTA x 0, KV head 0) and of (the last CTA x, KV head 0) prints (request 0
+// and the last request at one token per request), for launches kTraceFirst.. of the process, its SM, its
+// start on the global timer and each mark's clock64 offset from its first mark. A mark first stores its
+// `dep` value to shared memory (a volatile store), so it is taken only after that value has arrived:
+// marks after a load wait for the load. Marks (token_kernel.cuh): 1 first round trip, 2 pages, 3 tile
+// list, 4..11 tiles 0..7 landed (a CTA that streams several blocks: their pace), 12 tile loop done, 13 rows
+// sent (push) / staged (pull), 14 own rows arrived (push), 15 merged rows written (issued), 16 the same
+// push merge code run again (warm).
 #pragma once
 
 #ifdef MSA_TOKEN_TRACE

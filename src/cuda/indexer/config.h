@@ -62,7 +62,7 @@ inline constexpr int kSm90F8Stages = 8;
 // The portable kernel's range (the sm_90a kernel's measurement above was not repeated for it).
 inline constexpr int kPrefillRangeBlocks = 64;
 
-// ---- Prefill scores, portable (scores_portable.cuh, mma.sync, sm_80+; also fp8 keys on sm_90).
+// ---- Prefill scores, portable (scores_portable.cuh, mma.sync, sm_80+; on sm_90 with MSA_INDEXER_PREFILL=portable).
 inline constexpr int kPortableWarps = 4;
 inline constexpr int kPortableRows = 16 * kPortableWarps;  // m16 per warp
 inline constexpr int kPortableStages = 3;

@@ -1,7 +1,9 @@
-// Prefill block scores on any sm_80+ device (mma.sync), and the fp8-key prefill path on sm_90.
+// Prefill block scores on any sm_80+ device (mma.sync); on sm_90 only where the sm_90a kernels do not take
+// the call (MSA_INDEXER_PREFILL=portable: the exact path for fp8 keys).
 //
 // CTA = 4 warps, 64 (token, head) rows of one index-K head (16 per warp: the mma M), over a range of
-// kPrefillRangeBlocks blocks (same work items as the sm_90a kernel). Each block's 128 key rows are
+// kPrefillRangeBlocks blocks (work items shaped as the sm_90a kernel's: token tile, range of blocks,
+// index-K head; smaller tiles and ranges). Each block's 128 key rows are
 // gathered from the paged cache with cp.async into a kPortableStages-deep ring; the query rows stay in
 // registers as A fragments for the whole CTA. A warp walks the block in 16 n8 tiles (8 keys each): a key
 // tile's B fragments are 16-byte (bf16) or 8-byte (fp8) shared loads of whole D chunks, since the order
@@ -115,7 +117,7 @@ __global__ void __launch_bounds__(kPortableWarps * 32)
   const int esize = Tr::kF8 ? 1 : 2;
   const char* kbase = static_cast<const char*>(p.k.data) + kh * p.k.stride_head * esize;
   const int64_t sp = p.k.stride_page * esize, st = p.k.stride_token * esize;
-  constexpr int kRowGroups = 128 / Tr::kRowsPerPass;  // rows per warp-lane group: 8 (bf16) or 4 (fp8)
+  constexpr int kRowGroups = 128 / Tr::kRowsPerPass;  // copy passes over the block: 16 (bf16) or 8 (fp8)
   auto load_block = [&](int it) {
     const int stage = it % kPortableStages;
     uint8_t* dst = smem + stage * Tr::kStageBytes;

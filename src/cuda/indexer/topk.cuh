@@ -1,4 +1,4 @@
-// select_topk (contract §4): one warp per (token, head) row.
+// select_topk (contract §4): one warp per (token, head) row, a CTA per row past kTopkMaxRegBlocks blocks.
 //
 // Each score becomes a 32-bit key whose unsigned order is the contract's order (NaN lowest, below -inf;
 // -0 == +0), and 0 marks blocks that are not candidates (forced, past the row's valid blocks, or of a

@@ -7,8 +7,8 @@
 //   wait for its Q tile (and, at an item's first job, its K/V), take Q into registers (ldmatrix);
 //   issue the next job's Q gather (cp.async, each warp its own 16 rows: lands while this job computes);
 //   2 KV stages: at the item's second-to-last job, the next item's K/V. The warps meet at a CTA barrier
-//   once per item (its K/V, records and pairs landed), so within an item they drift apart and their
-//   partial stores, softmax and MMAs overlap;
+//   once per item (its K/V, records and pairs landed; fp8: and at the widening's two), so within an item
+//   they drift apart and their partial stores, softmax and MMAs overlap;
 //   S = Q K^T (8 warps x 16 rows x 128 keys x 128 dims: 128 mma.sync a warp), mask each row to the keys
 //   its token sees in the block, exact softmax in the exp2 domain (one block a row: no running maximum),
 //   O = P V (128 mma.sync a warp), write the normalized partial o (q's dtype) and its lse (log2 domain).
@@ -276,8 +276,8 @@ __global__ void __launch_bounds__(kThreads, 1) kvmajor_kernel(const __grid_const
     for (int jj = 0; jj < njobs; ++jj) {
       arch::cp_async_wait_dyn(static_cast<int>(kv_ahead) + static_cast<int>(pairs_ahead));
       pairs_ahead = false;
-      // An item's first job: its K/V, records and pairs landed for every thread (the only CTA barrier of an
-      // item with two K/V stages). Other jobs: this warp's own Q rows landed for all its lanes.
+      // An item's first job: its K/V, records and pairs landed for every thread (with two K/V stages the only
+      // CTA barrier of an item besides fp8's widen()). Other jobs: this warp's own Q rows landed for all its lanes.
       if (jj == 0)
         __syncthreads();
       else

@@ -137,7 +137,8 @@ __device__ __forceinline__ void rescale(float (&o)[64], const float (&alpha)[2])
 
 // V rows of keys at or past kv_len hold whatever the pool holds there (possibly NaN bit patterns);
 // P is 0 for them, but 0 * NaN = NaN inside the MMA, so both consumer warpgroups zero those rows
-// of the stage before the PV product. Only a request's last, partial block takes this path.
+// of the stage before the PV product. Only a request's last, partial block and a block of an invalid page
+// (all its rows) take this path.
 __device__ __forceinline__ void zero_v_rows(uint8_t* v_stage, int32_t first_row) {
   const int ct = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
   const int chunks = (kBlockKeys - first_row) * 16;

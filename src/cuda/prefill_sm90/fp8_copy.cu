@@ -22,7 +22,7 @@ namespace {
 // every SM, all their loads in flight at once, and a plan of many (M3-TP1 P-chunk: 1024) keeps 16 loads a thread
 // in flight per round trip. With flags a unit is a whole pair, so that its one flag byte has one reader: a
 // flagged plan holds more than kCopyEveryBlockMaxItems pairs, a whole pair per CTA of the grid already on parts
-// of up to 256 SMs. 128 threads:
+// of up to 128 SMs (kCopyEveryBlockMaxItems / kWidenCtasPerSm). 128 threads:
 // thread t moves 8 bytes (8 values) of rows t / 16 + 8 i; 16 lanes read a 128-byte fp8 row and write its 256-byte
 // 16-bit row, so each warp store fills whole sectors. The stores are explicit 16-byte ones (__stcg): plain uint4
 // assignments compiled to four 4-byte stores here, each filling a quarter of its sectors, and 16-byte loads with

@@ -78,9 +78,9 @@ static_assert(kKvMajorSmemBytes <= 227 * 1024, "Hopper allows 227 KiB of shared 
 
 // Item claims (warp 1 of the producer warpgroup, "the scheduler", as in the query-major kernel): the
 // next item's claim, record, K/V and its first Q tile's (token, entry) pairs, while warp 0 still
-// gathers the current item's Q tiles. Warp 0 did this itself after an item's last Q tile: 4-5
+// gathers the current item's Q tiles. Done by warp 0 after an item's last Q tile, a claim is 4-5
 // dependent trips (the claim, the item, its lengths and page, then the pairs) before the next
-// item's first job could start. The scheduler starts when warp 0 issues the current item's Q tile
+// item's first job can start. The scheduler starts when warp 0 issues the current item's Q tile
 // ntiles - kTileLookaheadBlocks (an item has at most kKvItemTokens / (128 / G) = 8 tiles at M3).
 // Claims are item indices up to split_from; past it, each of the window's last tail_items items is
 // claimed as `subs` parts of sub_tokens tokens (config.h kKvTailItemsPerSm). A part is the item's record

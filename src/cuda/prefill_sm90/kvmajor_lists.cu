@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kEntryThreads) kv_fill_kernel(KvListParams p) 
   }
 }
 
-// 8 consecutive elements (16 bytes) <-> 8 floats. bf16 -> f32 is a shift of each half into the high
+// 8 consecutive elements (16 bytes) -> 8 floats. bf16 -> f32 is a shift of each half into the high
 // bits (one integer op an element).
 template <typename Elem>
 __device__ __forceinline__ void unpack8(uint4 raw, float (&x)[8]) {
@@ -431,7 +431,8 @@ __device__ __forceinline__ void merge_tile(const KvMergeParams& p, int32_t local
     const float inv = wsum > 0.f ? (1.f / wsum) * p.v_scale : 0.f;
     const int64_t tok = static_cast<int64_t>(v.qo_start) + qi;
     const int64_t hq = static_cast<int64_t>(c.kv_head) * group + head;
-    // o's strides are multiples of 8 elements and its pointer 16-byte aligned (sm90 supports()).
+    // o's strides are multiples of 8 elements (each family's can_run) and its pointer 16-byte aligned
+    // (core/dispatch.cpp).
     Elem* orow = static_cast<Elem*>(p.o) + tok * p.o_stride_token + hq * p.o_stride_head;
     if constexpr (kQuadMajor) {  // this lane's 16 bytes: dims 32m + 8i + 2q, +1 (i = 0..3), q = sub / 4, m = sub % 4
 #pragma unroll

@@ -1,6 +1,6 @@
 // The KV-major path's run-time lists (see params.h, KvLists): for the tiles flagged KV-major by the
-// tile-list pass, group every contributing (token, slot) entry by key = (window, request, KV head,
-// block), cut each key's list into work items, and after the attention kernel merge the partial
+// tile-list pass, group every contributing (token, slot) entry by key = (window, sub-window, request,
+// KV head, block), cut each key's list into work items, and after the attention kernel merge the partial
 // outputs of each (token, head) by their LSEs.
 #pragma once
 

@@ -1,10 +1,12 @@
 // Entry points of the Hopper prefill family (declared in cuda/plan_state.h): which plans it serves,
 // the workspaces it sizes from the plan's host lengths, and the run-time sequence of launches.
 //
-// run() launches, in order on the caller's stream:
+// run_prefill() launches, in order on the caller's stream:
+//   [fp8 copy, flagged] memset       the copy's flags, at the plan's first eager run only
 //   tile schedule (1 CTA)            tile_cum / blk_cum from device lengths, counters zeroed
 //   [sparse] tile lists              per-tile sorted union of blocks + token masks, path per tile
 //                                    (with a KV-major path, the query-major tiles listed compactly)
+//   [fp8 copy] widen                 the blocks of the query-major tiles into the 16-bit copy (fp8_copy.h)
 //   query-major kernel               dense tiles, or sparse tiles whose union is narrow
 //   [KV-major] memset, rank, scan, fill, then per window: KV-major kernel, LSE merge
 // With a KV-major path the KV-major launches run on the plan's side stream (StreamFork, highest
@@ -247,7 +249,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
     s->kv_major = DeviceBuffer(static_cast<size_t>(s->num_tiles) * sizeof(int32_t));
     if (s->rule != KvMajorRule::kNever && s->num_tiles > 0) plan_kv_major(*s, blocks);
     // The query-major tiles' 16-bit copy of an fp8 cache (a plan serves both caches, so every sparse plan
-    // with query-major tiles holds it; KV-major tiles read the fp8 pool).
+    // with query-major tiles holds it; KV-major tiles read the fp8 pool unless the copy holds every block).
     if (s->f8_ready && s->rule != KvMajorRule::kAlways && s->num_tiles > 0 &&
         !knobs::fp8_qmajor_tiles("msa.plan_prefill"))
       plan_fp8_copy(*s, blocks / c.num_kv_heads);
@@ -261,7 +263,7 @@ std::shared_ptr<PrefillState> make_prefill_state(const Plan& plan, const CudaPla
 
 bool can_run(const PrefillState& s, const AttentionParams& p) {
   if (p.dtype != ScalarType::kBF16 && p.dtype != ScalarType::kF16) return false;
-  // K/V in q's dtype, or fp8 e4m3 (widened to q's dtype in shared memory).
+  // K/V in q's dtype, or fp8 e4m3 (widened in shared memory or into the plan's 16-bit copy: launch.h, fp8_copy.h).
   const bool f8 = p.kv_dtype == ScalarType::kF8E4M3;
   if (f8 ? !s.f8_ready : p.kv_dtype != p.dtype) return false;
   if (p.head_dim != kHeadDim || p.head_dim_v != kHeadDim) return false;

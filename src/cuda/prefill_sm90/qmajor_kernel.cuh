@@ -517,8 +517,9 @@ __device__ __forceinline__ void qmajor_consumer(const QMajorParams& p, QMajorSme
       const uint32_t pvs = (it + i - 1) % kVStages, pvph = ((it + i - 1) / kVStages) & 1;
       arch::mbarrier_wait(&s.k_full[st], ph);
       const StageInfo cur = s.stage[st];
-      // V of the previous block was loaded before this K: waiting here costs nothing, and keeps the
-      // tail fix (a barrier of both warpgroups) outside the issue sections.
+      // V of the previous block was loaded before this K (fp8: right after it; the PV needs it all the
+      // same): waiting here costs nothing, and keeps the tail fix (a barrier of both warpgroups) outside
+      // the issue sections.
       arch::mbarrier_wait(&s.v_full[pvs], pvph);
       fix_v(ti, prev, pvs);
       issue_qk_pv(q_addr, st, pvs);

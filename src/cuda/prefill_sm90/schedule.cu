@@ -55,10 +55,10 @@ __global__ void __launch_bounds__(kScheduleThreads) tile_schedule_kernel(SeqPara
 }
 
 // A tile's entry count and path; KV-major tiles are also counted per window (the KV-major launches
-// of a window with none return at once), query-major ones appended to qm_tiles (the query-major
-// kernel claims from that list instead of walking every tile's flag: at M3-TP1 P-chunk `random`, where
-// every tile goes KV-major, its 132 CTAs spent ~10 us in 15 dependent claim-and-flag trips each while
-// holding the SMs the KV-major launches were waiting for).
+// of a window with none return at once), query-major ones appended to qm_tiles (where fewer than half
+// the tiles are query-major, the query-major kernel claims from that list instead of walking every
+// tile's flag: at M3-TP1 P-chunk `random`, where every tile goes KV-major, its 132 CTAs spent ~10 us
+// in 15 dependent claim-and-flag trips each while holding the SMs the KV-major launches were waiting for).
 __device__ __forceinline__ bool goes_kv_major(const TileListParams& p, int32_t reps, int32_t selections) {
   // reps block-steps of query-major against selections / tile_tokens useful ones.
   const bool wide =

@@ -43,8 +43,8 @@ __device__ __forceinline__ SeqView load_seq(const SeqParams& s, int b) {
 
 // Keys [0, kv_hi) are visible to the query at index i of the request (before block selection):
 // min(kv_len, max(offset + i + 1, 0)) in 32 bits, offset + i + 1 formed only below kv_len (kv_len >= 0
-// and 0 <= i, so kv_len - i - 1 cannot overflow; per job in the KV-major consumers, where the 64-bit
-// clamp took ~20 instructions a row).
+// and 0 <= i, so kv_len - i - 1 cannot overflow; per job and row in the portable KV-major kernel, where
+// the 64-bit clamp took ~20 instructions a row).
 __device__ __forceinline__ int32_t visible_key_end(const SeqView& v, int32_t i, bool causal) {
   if (i < 0 || i >= v.qo_len) return 0;
   if (!causal) return v.kv_len;

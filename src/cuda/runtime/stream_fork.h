@@ -28,7 +28,7 @@ struct ForkHandles {
 // A set on the current device (cached or new); the side stream at the device's highest priority when
 // `high_priority` (the block scheduler then gives its grids the SMs first as they free up).
 ForkHandles fork_acquire(bool high_priority, int* device);
-// Back to the cache (never destroyed while the process runs).
+// Back to the cache (destroyed only when the cache cannot take them).
 void fork_release(const ForkHandles& h, int device, bool high_priority) noexcept;
 
 class StreamFork {
