@@ -13,9 +13,9 @@ namespace msa::detail::cuda::indexer {
 
 namespace {
 
-// Launches with programmatic dependent launch where the device has it (the kernel waits for the previous
-// kernel of the stream before its first read): a decode step's top-k then starts while the scores
-// kernel drains instead of after it.
+// Launches with programmatic dependent launch where the code runs as sm_90+ (pdl_supported; the kernel waits
+// for the previous kernel of the stream before its first read): a decode step's top-k then starts while the
+// scores kernel drains instead of after it.
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, unsigned grid, unsigned threads, cudaStream_t stream, const Args&... args) {
   int device = 0;

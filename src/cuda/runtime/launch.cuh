@@ -6,6 +6,7 @@
 
 #include <utility>
 
+#include "core/backend.h"
 #include "cuda/runtime/check.cuh"
 
 namespace msa::detail::cuda {
@@ -30,10 +31,10 @@ void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, s
   MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-// Whether `device` can launch with PDL (compute capability 9.0 or newer).
-inline bool pdl_supported(int device) {
-  int major = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
-}
+// Whether kernels launched on `device` may use PDL: the code they run there is sm_90+ (compute_capability(),
+// core/backend.h), so its arch::grid_dependency_wait() is compiled in. Not the device's own capability: sm_80 code
+// JIT-compiled on a Hopper device has no wait, and launched with PDL it could read its inputs before the previous
+// kernel's writes are visible.
+inline bool pdl_supported(int device) { return compute_capability(device) >= 90; }
 
 }  // namespace msa::detail::cuda
