@@ -6,6 +6,7 @@
 Tensors of any DLPack framework are accepted; CPU tensors run the reference backend, CUDA tensors the
 GPU kernels. Errors: ValueError (shapes, lengths, strides), TypeError (dtypes, device kinds),
 NotImplementedError (valid input this build or device cannot run), RuntimeError (CUDA failures).
+"Any strides" in the docstrings means any non-negative ones (a negative stride raises ValueError).
 Importing msa never imports torch. The semantics are those of docs/python_api.md.
 
 Beside this core, the torch-only modules: msa.torch_ops (the entry points as torch custom ops),
