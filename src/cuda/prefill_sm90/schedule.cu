@@ -1,6 +1,8 @@
 // Tile schedule and per-tile block lists of the Hopper prefill (see schedule.h).
 #include <cub/block/block_scan.cuh>
 
+#include <cstdint>
+
 #include "cuda/arch/pdl.cuh"
 #include "cuda/prefill_sm90/config.h"
 #include "cuda/prefill_sm90/schedule.h"
@@ -18,35 +20,40 @@ constexpr int32_t kNoBlock = 0x7FFFFFFF;
 constexpr int kListWarps = 4;                 // tiles per CTA of the warp kernel
 constexpr int kListWarpMaxEntries = 32 * 16;  // entries (tile tokens x top-k) the warp kernel sorts
 
+// Sums in 64 bits, stored saturated at INT32_MAX: device lengths the plan did not see (an unvalidated call) may
+// add up past int32, and every reader relies on tile_cum and blk_cum being non-negative and non-decreasing (the
+// plan's tile count, at most INT32_MAX / 2, bounds the tiles that run).
 __global__ void __launch_bounds__(kScheduleThreads) tile_schedule_kernel(SeqParams seqs, int32_t tile_tokens,
                                                                          int32_t num_kv_heads, int32_t* tile_cum,
                                                                          int32_t* blk_cum, int32_t* counters,
                                                                          int32_t num_counters) {
-  using Scan = cub::BlockScan<int2, kScheduleThreads>;
+  using Scan = cub::BlockScan<longlong2, kScheduleThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ int2 carry;
+  __shared__ longlong2 carry;
   arch::grid_dependency_wait();  // PDL: the previous kernel's writes first (launch.h)
   arch::allow_dependent_launch();
   for (int i = threadIdx.x; i < num_counters; i += blockDim.x) counters[i] = 0;
   if (threadIdx.x == 0) {
-    carry = make_int2(0, 0);
+    carry = make_longlong2(0, 0);
     tile_cum[0] = 0;
     blk_cum[0] = 0;
   }
   __syncthreads();
-  const auto add = [](int2 a, int2 b) { return make_int2(a.x + b.x, a.y + b.y); };
+  const auto add = [](longlong2 a, longlong2 b) { return make_longlong2(a.x + b.x, a.y + b.y); };
+  const auto saturated = [](long long x) { return static_cast<int32_t>(min(x, static_cast<long long>(INT32_MAX))); };
   for (int base = 0; base < seqs.batch_size; base += kScheduleThreads) {
     const int b = base + threadIdx.x;
-    int2 n = make_int2(0, 0);
+    longlong2 n = make_longlong2(0, 0);
     if (b < seqs.batch_size) {
       const SeqView v = load_seq(seqs, b);
-      n = make_int2((v.qo_len + tile_tokens - 1) / tile_tokens * num_kv_heads, num_kv_blocks(v.kv_len) * num_kv_heads);
+      n = make_longlong2(static_cast<long long>((v.qo_len + tile_tokens - 1) / tile_tokens) * num_kv_heads,
+                         static_cast<long long>(num_kv_blocks(v.kv_len)) * num_kv_heads);
     }
-    int2 incl, total;
+    longlong2 incl, total;
     Scan(scan_tmp).InclusiveScan(n, incl, add, total);
     if (b < seqs.batch_size) {
-      tile_cum[b + 1] = carry.x + incl.x;
-      blk_cum[b + 1] = carry.y + incl.y;
+      tile_cum[b + 1] = saturated(carry.x + incl.x);
+      blk_cum[b + 1] = saturated(carry.y + incl.y);
     }
     __syncthreads();
     if (threadIdx.x == 0) carry = add(carry, total);

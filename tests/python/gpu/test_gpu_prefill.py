@@ -1,12 +1,11 @@
 """The Hopper prefill kernels (src/cuda/prefill_sm90: query-major and KV-major, TMA + wgmma) against the float64
-reference of msa_testing, over the contract's cases: a cached prefix + a chunk (default and explicit
-qo_offset), ragged batches, lengths not multiple of 128, unsorted rows with -1 anywhere, empty rows
-(o = 0, lse = -inf), the three selection patterns under each decomposition (MSA_SM90_PREFILL = auto,
-qmajor, kvmajor; several KV-major windows), dense causal and non-causal, page sizes 128 / 256 (served)
-and 64 (the portable fallback), the slot-major pool, the [Hkv, T, topk] index layout, the flat page
-table, fp16, untrusted device values, and bitwise-equal repeated runs. Outputs are NaN-poisoned before
-every run and the data are fresh for every test. On a GPU other than sm_90 the same cases exercise the
-portable path.
+reference of msa_testing, over the contract's cases: a cached prefix + a chunk (default and explicit qo_offset),
+ragged batches, lengths not multiple of 128, unsorted rows with -1 anywhere, empty rows (o = 0, lse = -inf), the
+three selection patterns under each decomposition (MSA_SM90_PREFILL = auto, qmajor, kvmajor; several KV-major
+windows), dense causal and non-causal, page sizes 128 / 256 (served) and 64 (the portable fallback), the
+slot-major pool, the [Hkv, T, topk] index layout, the flat page table, fp16, untrusted device values (device lengths
+past the plan's too), and bitwise-equal repeated runs. Outputs are NaN-poisoned before every run and the data are
+fresh for every test. On a GPU other than sm_90 the same cases exercise the portable path.
 
     PYTHONPATH=build/python python3 -m pytest -q -m gpu tests/python/gpu/test_gpu_prefill.py
 
@@ -330,6 +329,21 @@ def test_untrusted_device_values(rng, monkeypatch, mode):
     untouched[[5, 140]] = False
     untouched[130:] = False                  # request 1 reads the bad page
     mt.assert_close(o[untouched], o_ref[untouched])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_device_lengths_past_the_plan(rng, monkeypatch, mode):
+    """Device kv_lens far beyond the plan's (a caller error that only validate=True reports): 40 requests x 4 KV
+    heads of 2^31 - 1 keys hold 2^31 blocks, past int32 in the tile schedule's block prefix. The call must not
+    fault or hang (its output is undefined), and the same plan then runs the true lengths exactly."""
+    prob = problem(rng, [8] * 40, [300] * 40, num_kv_heads=4)
+    plan = plan_for(prob, monkeypatch, mode)
+    t = mt.to_torch(prob, DEV, TORCH_DTYPE[prob.dtype])
+    run_gpu(plan, prob, dict(t, kv_lens=torch.full_like(t["kv_lens"], 2**31 - 1)))
+    o, lse = run_gpu(plan, prob, t)
+    o_ref, lse_ref = mt.ref_attention(prob)
+    mt.assert_close(o, o_ref)
+    mt.assert_lse_close(lse, lse_ref)
 
 
 def _sanitizer_case():
