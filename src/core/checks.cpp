@@ -22,6 +22,14 @@ std::string dtype_list(std::initializer_list<DType> allowed) {
 }
 }  // namespace
 
+ArgCheck arg(const char* fn, const char* name, const TensorView& t) {
+  if (t.defined())
+    for (int i = 0; i < t.ndim(); ++i)
+      MSA_CHECK(t.size(i) <= INT32_MAX, kValue, fn, ": argument '", name, "': expected every size below 2^31, got ",
+                t.shape_str());
+  return ArgCheck{fn, name, t};
+}
+
 const ArgCheck& ArgCheck::present() const {
   MSA_CHECK(t.defined(), kValue, fn, ": argument '", name, "' is required");
   MSA_CHECK(t.data() != nullptr || t.numel() == 0, kValue, fn, ": argument '", name, "': null data pointer for ",

@@ -31,7 +31,9 @@ struct ArgCheck {
   const ArgCheck& aligned(int bytes) const;
 };
 
-inline ArgCheck arg(const char* fn, const char* name, const TensorView& t) { return ArgCheck{fn, name, t}; }
+// The checks of one argument. Every size must fit int32 (kValue otherwise): the kernels and the reference index
+// tokens, heads, pages and blocks in 32 bits, so a larger extent (a view with zero strides) would be cut short.
+ArgCheck arg(const char* fn, const char* name, const TensorView& t);
 
 // The dtypes one argument takes, and where they come from when that is not obvious ("the dtype of q").
 struct DTypeRule {
