@@ -6,8 +6,8 @@
 //  1. find the tile (decode: from blockIdx; prefill: scan of qo_indptr) and clamp every length read
 //     from the device (nothing here trusts a value: lengths, indptr, pages and blocks are bounded);
 //  2. start the Q tile load (cp.async), build the tile's block list (sparse: union of the tokens'
-//     valid entries, sorted, with a token mask per block; dense: blocks 0 .. ceil(kv_hi/128)-1) and
-//     take this split's contiguous range of it (decode reads the block indexes of a guessed token
+//     valid entries, sorted, with a token mask per block; dense: blocks 0 .. ceil(kv_hi/128)-1, ending
+//     with the page-table row) and take this split's contiguous range of it (decode reads the block indexes of a guessed token
 //     row together with qo_indptr, so that the two dependent reads overlap);
 //  3. stream the range's key tiles through a multi-stage cp.async pipeline: one thread per key
 //     resolves the key's page through the page table one tile ahead of its load, into a ring of
@@ -296,7 +296,10 @@ __global__ void __launch_bounds__(TileConfig<D, ROWS, KEYS, MT>::kThreads,
       __syncthreads();
     }
   } else {
-    n_list = static_cast<int>((static_cast<int64_t>(kv_hi) + kBlock - 1) / kBlock);
+    // Keys past the page-table row have no page (invisible): the blocks end there too, so that a device kv_len far
+    // past the plan's (a caller error) cannot stretch the loop over millions of empty tiles.
+    const int64_t keys = min(static_cast<int64_t>(kv_hi), row_len * p.k.page_size);
+    n_list = static_cast<int>((keys + kBlock - 1) / kBlock);
   }
   int lb, le;
   if (kp.fixed_split_blocks > 0) {
