@@ -332,11 +332,13 @@ def test_untrusted_device_values(rng, monkeypatch, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_device_lengths_past_the_plan(rng, monkeypatch, mode):
+@pytest.mark.parametrize("pattern", ["random", None])
+def test_device_lengths_past_the_plan(rng, monkeypatch, mode, pattern):
     """Device kv_lens far beyond the plan's (a caller error that only validate=True reports): 40 requests x 4 KV
-    heads of 2^31 - 1 keys hold 2^31 blocks, past int32 in the tile schedule's block prefix. The call must not
-    fault or hang (its output is undefined), and the same plan then runs the true lengths exactly."""
-    prob = problem(rng, [8] * 40, [300] * 40, num_kv_heads=4)
+    heads of 2^31 - 1 keys hold 2^31 blocks, past int32 in the tile schedule's block prefix (dense: a tile's blocks
+    end with the page table, not after 2^24). The call must not fault or hang (its output is undefined), and the
+    same plan then runs the true lengths exactly."""
+    prob = problem(rng, [8] * 40, [300] * 40, num_kv_heads=4, pattern=pattern)
     plan = plan_for(prob, monkeypatch, mode)
     t = mt.to_torch(prob, DEV, TORCH_DTYPE[prob.dtype])
     run_gpu(plan, prob, dict(t, kv_lens=torch.full_like(t["kv_lens"], 2**31 - 1)))
