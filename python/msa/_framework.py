@@ -92,25 +92,31 @@ def resolve_stream(fn: str, stream, like) -> int:
     if not isinstance(handle, int) or isinstance(handle, bool):
         raise TypeError(f"{fn}: argument 'stream': expected None, an int cudaStream_t or a stream object with "
                         f".cuda_stream or .ptr, got {_type_name(stream)}")
-    if handle < 0:
-        raise ValueError(f"{fn}: argument 'stream': expected a cudaStream_t handle >= 0, got {handle}")
+    if not 0 <= handle < 2**63:  # the binding's int64
+        raise ValueError(f"{fn}: argument 'stream': expected a cudaStream_t handle in [0, 2^63), got {handle}")
     return handle
 
 
 def host_max(fn: str, name: str, x, instead: str) -> int:
-    """max(x) of a small integer tensor read on the host (0 when empty). A CUDA tensor is refused,
+    """max(x) of a small int32 tensor read on the host (0 when empty). A CUDA tensor is refused,
     because reading it would wait on the device; `instead` says which argument avoids the read."""
     torch = torch_of(x)
     if torch is not None:
         if x.device.type != "cpu":
             raise ValueError(f"{fn}: argument '{name}' is on {x.device} and reading it would wait on the device: "
                              f"pass {instead}")
+        if x.dtype != torch.int32:
+            raise TypeError(f"{fn}: argument '{name}': expected dtype int32, got {x.dtype}")
         return int(x.max()) if x.numel() else 0
     try:
         a = np.asarray(x)
     except Exception as e:  # e.g. cupy refuses implicit host copies
         raise ValueError(f"{fn}: argument '{name}' ({_type_name(x)}) cannot be read on the host: pass {instead}") \
             from e
+    # As the C++ checks would say, before this read chokes on floats or strings (a list of ints goes on to the
+    # binding, which refuses it as no tensor).
+    if a.dtype != np.int32 and (isinstance(x, np.ndarray) or a.dtype.kind not in "iu"):
+        raise TypeError(f"{fn}: argument '{name}': expected dtype int32, got {a.dtype}")
     return int(a.max()) if a.size else 0
 
 

@@ -7,16 +7,18 @@ on torch's current stream of the tensors' device for torch CUDA tensors, else on
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
 from . import _C
-from ._args import integer, real
+from ._args import integer, real, required, sm_scale_value
 from ._framework import cpu_ints, host_max, new_output, resolve_stream, torch_of
 
 BLOCK = 128  # tokens per selectable block (the contract's fixed block size)
 _LAYOUTS = ("HKT", "THK")
+_MAX_TOPK = 1 << 20  # select_topk's and merge_candidates' bound (core/dispatch.cpp, selection_args)
 
 
 def _dim(x, i: int) -> int:
@@ -25,9 +27,18 @@ def _dim(x, i: int) -> int:
     return int(shape[i]) if len(shape) > i else 0
 
 
-def _layout(fn: str, layout) -> str:
+def _topk(fn: str, topk) -> int:
+    """topk as an int in the C++ entry points' range (core/dispatch.cpp, selection_args), checked before the
+    output [T, H, topk] is allocated."""
+    k = integer(fn, "topk", topk)
+    if not 1 <= k <= _MAX_TOPK:
+        raise ValueError(f"{fn}: argument 'topk': expected 1..{_MAX_TOPK}, got {k}")
+    return k
+
+
+def _layout(fn: str, layout, name: str = "layout") -> str:
     if layout not in _LAYOUTS:
-        raise ValueError(f"{fn}: argument 'layout': expected 'HKT' ([num_heads, max_blocks, total_q]) or 'THK' "
+        raise ValueError(f"{fn}: argument '{name}': expected 'HKT' ([num_heads, max_blocks, total_q]) or 'THK' "
                          f"([total_q, num_heads, max_blocks]), got {layout!r}")
     return layout
 
@@ -76,12 +87,8 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
     if not isinstance(plan, _C.Plan):
         raise TypeError(f"{fn}: argument 'plan': expected an msa.Plan from plan_prefill or plan_decode, "
                         f"got {type(plan).__name__}")
-    if sm_scale is None:
-        scale = 0.0  # the C++ default: head_dim ** -0.5
-    else:
-        scale = float(sm_scale)
-        if scale == 0.0:
-            raise ValueError(f"{fn}: argument 'sm_scale': expected a nonzero finite number or None, got 0")
+    required(fn, q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, qo_indptr=qo_indptr, kv_lens=kv_lens)
+    scale = sm_scale_value(fn, sm_scale)
     total_q = _dim(q, 0)
     if out is None:
         out = new_output(fn, "out", q, "q", (total_q, plan.num_qo_heads, plan.head_dim_v), "like")
@@ -116,10 +123,11 @@ def block_scores(q, k_index, page_table, qo_indptr, kv_lens, *, qo_offset=None, 
         scores, fp32 in `layout`.
     """
     fn = "msa.block_scores"
+    required(fn, q=q, k_index=k_index, page_table=page_table, qo_indptr=qo_indptr, kv_lens=kv_lens)
     _layout(fn, layout)
     if out is None:
-        if max_blocks is None:
-            max_blocks = math.ceil(host_max(fn, "kv_lens", kv_lens, "max_blocks= or out=") / BLOCK)
+        if max_blocks is None:  # a negative length is reported by the C++ checks, by its name
+            max_blocks = math.ceil(max(host_max(fn, "kv_lens", kv_lens, "max_blocks= or out="), 0) / BLOCK)
         nb = integer(fn, "max_blocks", max_blocks)
         if nb < 0:
             raise ValueError(f"{fn}: argument 'max_blocks': expected >= 0, got {nb}")
@@ -167,8 +175,9 @@ def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT
         block_idx, int32 [T, H, topk]; (block_idx, out_scores) with return_scores.
     """
     fn = "msa.select_topk"
+    required(fn, scores=scores, qo_indptr=qo_indptr, kv_lens=kv_lens)
     _layout(fn, layout)
-    topk = integer(fn, "topk", topk)
+    topk = _topk(fn, topk)
     if out is None or (out_scores is None and return_scores):
         T, H = (_dim(scores, 2), _dim(scores, 0)) if layout == "HKT" else (_dim(scores, 0), _dim(scores, 1))
         if out is None:
@@ -203,7 +212,8 @@ def merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk, max_blocks
         block_idx, int32 [T, H, topk], ascending with -1 at the tail.
     """
     fn = "msa.merge_candidates"
-    topk = integer(fn, "topk", topk)
+    required(fn, cand_scores=cand_scores, cand_ids=cand_ids, qo_indptr=qo_indptr, kv_lens=kv_lens)
+    topk = _topk(fn, topk)
     if out is None:
         out = new_output(fn, "out", cand_scores, "cand_scores", (_dim(cand_scores, 1), _dim(cand_scores, 2),
                                                                 max(topk, 0)), "int32")
@@ -231,6 +241,7 @@ def merge_states(v_parts, lse_parts, *, out=None, lse_out=None, return_lse=False
         o, or (o, lse) when return_lse.
     """
     fn = "msa.merge_states"
+    required(fn, v_parts=v_parts, lse_parts=lse_parts)
     T, H, D = _dim(v_parts, 1), _dim(v_parts, 2), _dim(v_parts, 3)
     if out is None:
         out = new_output(fn, "out", v_parts, "v_parts", (T, H, D), "like")
@@ -263,6 +274,7 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max
         page_table, int32 [B, max_pages].
     """
     fn = "msa.build_page_table"
+    required(fn, req_to_token=req_to_token, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
     page_size = integer(fn, "page_size", page_size)
     if out is None:
         if max_pages is None:
@@ -274,6 +286,22 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max
     _C.build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, out, bool(validate),
                         resolve_stream(fn, stream, req_to_token))
     return out
+
+
+@contextlib.contextmanager
+def _layer_step(fn: str, step: str, **renamed):
+    """Errors of one of sparse_attention_layer's steps, worded for its caller: "<step>: argument 'x'" becomes
+    "<fn> (<step> step): argument '<the layer's name for x>'"."""
+    try:
+        yield
+    except (ValueError, TypeError, NotImplementedError) as e:
+        msg = str(e)
+        if not msg.startswith(step + ": "):
+            raise
+        msg = f"{fn} ({step[4:]} step): " + msg[len(step) + 2:]
+        for inner, outer in renamed.items():
+            msg = msg.replace(f"argument '{inner}'", f"argument '{outer}'")
+        raise type(e)(msg) from None
 
 
 def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_table, qo_indptr, kv_lens, *,
@@ -305,12 +333,19 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
     fn = "msa.sparse_attention_layer"
     if not isinstance(plan, _C.Plan):
         raise TypeError(f"{fn}: argument 'plan': expected an msa.Plan, got {type(plan).__name__}")
+    required(fn, q=q, k_cache=k_cache, v_cache=v_cache, q_index=q_index, k_index=k_index, page_table=page_table,
+             qo_indptr=qo_indptr, kv_lens=kv_lens)
     if plan.topk <= 0:
         raise ValueError(f"{fn}: argument 'plan': expected a sparse plan (topk > 0), got topk = {plan.topk}")
     if _dim(q_index, 1) != plan.num_kv_heads:
         raise ValueError(f"{fn}: argument 'q_index': expected [total_q, num_kv_heads = {plan.num_kv_heads}, D] "
                          f"(one index head per KV head), got shape {tuple(getattr(q_index, 'shape', ()))}")
-    _layout(fn, score_layout)
+    if len(getattr(k_index, "shape", ())) != 4 or _dim(k_index, 2) != plan.page_size:
+        # k_index shares the page table with the KV cache: its pages must hold the plan's page_size tokens.
+        raise ValueError(f"{fn}: argument 'k_index': expected [num_pages, num_k_heads, page_size = "
+                         f"{plan.page_size}, D] (pages of the KV cache's page table), got shape "
+                         f"{tuple(getattr(k_index, 'shape', ()))}")
+    _layout(fn, score_layout, "score_layout")
     if plan.phase == "decode" and plan.device == "cpu":
         # The lengths against the plan's bound before the indexer steps (as msa::sparse_attention_layer does),
         # whose messages would speak of a scores workspace too small for them.
@@ -323,13 +358,16 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
     max_blocks = math.ceil(plan.max_kv_len / BLOCK)
     if stream is not None:  # checked once here; None is resolved by each call (torch's current stream)
         stream = resolve_stream(fn, stream, q)
-    scores = block_scores(q_index, k_index, page_table, qo_indptr, kv_lens, qo_offset=qo_offset,
-                          page_indptr=page_indptr, k_scale=k_index_scale,
-                          max_blocks=None if scores is not None else max_blocks, layout=score_layout,
-                          causal=plan.causal, out=scores, validate=validate, stream=stream)
-    block_idx = select_topk(scores, qo_indptr, kv_lens, plan.topk, qo_offset=qo_offset, layout=score_layout,
-                            force_begin=force_begin, force_end=force_end, causal=plan.causal, out=block_idx,
-                            validate=validate, stream=stream)
+    with _layer_step(fn, "msa.block_scores", q="q_index", k_scale="k_index_scale", out="scores",
+                     layout="score_layout"):
+        scores = block_scores(q_index, k_index, page_table, qo_indptr, kv_lens, qo_offset=qo_offset,
+                              page_indptr=page_indptr, k_scale=k_index_scale,
+                              max_blocks=None if scores is not None else max_blocks, layout=score_layout,
+                              causal=plan.causal, out=scores, validate=validate, stream=stream)
+    with _layer_step(fn, "msa.select_topk", out="block_idx", layout="score_layout", topk="plan"):
+        block_idx = select_topk(scores, qo_indptr, kv_lens, plan.topk, qo_offset=qo_offset, layout=score_layout,
+                                force_begin=force_begin, force_end=force_end, causal=plan.causal, out=block_idx,
+                                validate=validate, stream=stream)
     res = attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, block_idx=block_idx,
                     qo_offset=qo_offset, page_indptr=page_indptr, out=out, lse=lse, return_lse=return_lse,
                     sm_scale=sm_scale, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, validate=validate,
@@ -370,6 +408,7 @@ def write_cache(src, cache, slot_ids, *, scale=None, slot_scale=None, validate=F
         stream: as for msa.attention.
     """
     fn = "msa.write_cache"
+    required(fn, src=src, cache=cache, slot_ids=slot_ids)
     if scale is None:
         value = 1.0
     else:
@@ -377,9 +416,7 @@ def write_cache(src, cache, slot_ids, *, scale=None, slot_scale=None, validate=F
         if torch is not None and scale.device.type != "cpu":
             raise TypeError(f"{fn}: argument 'scale': expected a host number, got a tensor on {scale.device} "
                             f"(reading it would synchronize; pass float(scale) once, outside graph capture)")
-        if isinstance(scale, bool) or not hasattr(type(scale), "__float__"):  # not str: float("2") parses
-            raise TypeError(f"{fn}: argument 'scale': expected a number or None, got {type(scale).__name__}")
-        value = float(scale)
+        value = real(fn, "scale", scale)
         if not (math.isfinite(value) and value > 0.0):
             raise ValueError(f"{fn}: argument 'scale': expected a finite number > 0, got {value}")
     _C.write_cache(src, cache, slot_ids, value, slot_scale, bool(validate), resolve_stream(fn, stream, src))

@@ -43,7 +43,7 @@ def parse_device(fn: str, device) -> tuple[str, int]:
     if kind == "cpu" and index in (None, 0):
         return "cpu", 0
     if kind == "cuda":
-        return "cuda", _current_cuda_device() if index is None else index
+        return "cuda", _current_cuda_device() if index is None else integer(fn, "device", index)
     raise ValueError(f"{fn}: argument 'device': expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
@@ -85,9 +85,13 @@ def plan_prefill(qo_lens, kv_lens, *, num_qo_heads, num_kv_heads, head_dim=128, 
     cfg = _config(fn, num_qo_heads, num_kv_heads, head_dim, head_dim_v, page_size, topk, causal, max_splits,
                   fixed_split_blocks)
     dev_type, dev_id = parse_device(fn, device)
-    return _C.plan_prefill(host_lengths(fn, "qo_lens", qo_lens), host_lengths(fn, "kv_lens", kv_lens),
-                           None if qo_offset is None else host_lengths(fn, "qo_offset", qo_offset),
-                           device_type=dev_type, device_id=dev_id, **cfg)
+    qo = host_lengths(fn, "qo_lens", qo_lens)
+    offsets = None if qo_offset is None else host_lengths(fn, "qo_offset", qo_offset)
+    if offsets is not None and offsets.size != qo.size:  # the C++ entry point reads no entries as none given
+        raise ValueError(f"{fn}: argument 'qo_offset': expected {qo.size} entries (one per request) or none, "
+                         f"got {offsets.size}")
+    return _C.plan_prefill(qo, host_lengths(fn, "kv_lens", kv_lens), offsets, device_type=dev_type, device_id=dev_id,
+                           **cfg)
 
 
 def plan_decode(batch_size, max_qo_len, max_kv_len, *, num_qo_heads, num_kv_heads, head_dim=128, head_dim_v=0,

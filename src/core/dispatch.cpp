@@ -24,6 +24,7 @@ using namespace detail;
 namespace {
 
 constexpr int kBlock = 128;
+constexpr int kMaxRowBlocks = 1 << 24;  // ceil(2^31 / kBlock): the blocks of the longest int32 kv_len
 
 // Named lists: a braced list's backing array lives only as long as the list it initialises, so
 // choosing between two temporaries with ?: would leave the chosen one dangling.
@@ -230,6 +231,8 @@ void block_scores(const TensorView& q, const TensorView& k_index, const TensorVi
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   arg(fn, "k_index", k_index).present().ndim(4, "[num_pages, num_k_heads, page_size, head_dim]").device(dev)
       .size(3, D, "head_dim, as q").inner_contiguous().nonneg_strides();
+  MSA_CHECK(k_index.size(2) >= 1, kValue, fn, ": argument 'k_index': expected page_size (shape[2]) >= 1, got shape ",
+            k_index.shape_str());
   const bool fp8 = k_index.dtype() == DType::kF8E4M3;
   if (fp8) {
     arg(fn, "k_scale", k_scale).present().ndim(3, "[num_pages, num_k_heads, page_size]")
@@ -308,9 +311,9 @@ static void selection_args(const char* fn, bool gpu, const Device& dev, int64_t 
             kMaxGpuTopk, " blocks a row, got ", topk);
   MSA_CHECK(force_begin >= 0, kValue, fn, ": argument 'force_begin': expected >= 0, got ", force_begin);
   MSA_CHECK(force_end >= 0, kValue, fn, ": argument 'force_end': expected >= 0, got ", force_end);
-  MSA_CHECK(force_begin + force_end <= topk, kValue, fn,
+  MSA_CHECK(int64_t{force_begin} + force_end <= topk, kValue, fn,
             ": arguments 'force_begin' + 'force_end': expected <= topk = ", topk, ", got ",
-            force_begin + force_end);
+            int64_t{force_begin} + force_end);
   arg(fn, "out", out).present().ndim(3, "[total_q, num_heads, topk]").device(dev)
       .size(0, T, "total_q").size(1, H, "num_heads").size(2, topk, "topk").nonneg_strides();
   p.topk = topk;
@@ -413,7 +416,9 @@ void merge_candidates(const TensorView& cand_scores, const TensorView& cand_ids,
             "per rank, got shape ", cand_scores.shape_str());
   MSA_CHECK(N * K <= INT32_MAX, kValue, fn, ": argument 'cand_scores': expected num_ranks x k < 2^31, got shape ",
             cand_scores.shape_str());
-  MSA_CHECK(max_blocks >= 1, kValue, fn, ": argument 'max_blocks': expected >= 1, got ", max_blocks);
+  // At most the blocks of the longest int32 kv_len (the CPU backend holds a row of max_blocks scores a worker).
+  MSA_CHECK(max_blocks >= 1 && max_blocks <= kMaxRowBlocks, kValue, fn, ": argument 'max_blocks': expected 1..",
+            kMaxRowBlocks, " (ceil(2^31 / 128)), got ", max_blocks);
   const int64_t B = seqs.kv_lens.defined() ? seqs.kv_lens.size(0) : 0;
   MSA_CHECK(B >= 1, kValue, fn, ": argument 'kv_lens': expected at least one request");
   MergeCandidatesParams p;

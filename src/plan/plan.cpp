@@ -22,7 +22,9 @@ void check_config(const char* fn, const AttentionConfig& c, const SplitOptions& 
   MSA_CHECK(c.page_size > 0, kValue, fn, ": argument 'page_size': expected > 0, got ", c.page_size);
   MSA_CHECK(c.block_size == 128, kValue, fn, ": argument 'block_size': expected 128 (the contract's block), got ",
             c.block_size);
-  MSA_CHECK(c.topk >= 0, kValue, fn, ": argument 'topk': expected >= 0 (0: dense), got ", c.topk);
+  // More slots than the blocks of the longest int32 kv_len (ceil(2^31 / 128)) select nothing more.
+  MSA_CHECK(c.topk >= 0 && c.topk <= (1 << 24), kValue, fn, ": argument 'topk': expected 0..", 1 << 24,
+            " (0: dense), got ", c.topk);
   MSA_CHECK(s.max_splits >= 0, kValue, fn, ": argument 'max_splits': expected >= 0, got ", s.max_splits);
   MSA_CHECK(s.fixed_split_blocks >= 0, kValue, fn, ": argument 'fixed_split_blocks': expected >= 0, got ",
             s.fixed_split_blocks);
@@ -71,6 +73,8 @@ Plan plan_prefill(const AttentionConfig& cfg, Device device, std::span<const int
     p.max_kv_len_ = std::max<int64_t>(p.max_kv_len_, kl);
     p.total_q_ += ql;
   }
+  MSA_CHECK(p.total_q_ <= INT32_MAX, kValue, fn, ": argument 'qo_lens': expected a sum below 2^31 (int32 qo_indptr), "
+            "got ", p.total_q_);
   p.qo_lens_.assign(qo_lens.begin(), qo_lens.end());
   p.kv_lens_.assign(kv_lens.begin(), kv_lens.end());
   p.qo_offset_.assign(qo_offset.begin(), qo_offset.end());
@@ -86,7 +90,11 @@ Plan plan_decode(const AttentionConfig& cfg, Device device, int batch_size, int 
   MSA_CHECK(batch_size >= 1, kValue, fn, ": argument 'batch_size': expected >= 1, got ", batch_size);
   MSA_CHECK(max_qo_len >= 1 && max_qo_len <= 16, kValue, fn,
             ": argument 'max_qo_len': expected 1..16 query tokens per request, got ", max_qo_len);
-  MSA_CHECK(max_kv_len >= 1, kValue, fn, ": argument 'max_kv_len': expected >= 1, got ", max_kv_len);
+  MSA_CHECK(max_kv_len >= 1 && max_kv_len <= INT32_MAX, kValue, fn,
+            ": argument 'max_kv_len': expected 1..2^31 - 1 (int32 kv_lens), got ", max_kv_len);
+  MSA_CHECK(int64_t{batch_size} * max_qo_len <= INT32_MAX, kValue, fn,
+            ": arguments 'batch_size' x 'max_qo_len': expected below 2^31 (int32 qo_indptr), got ", batch_size, " x ",
+            max_qo_len);
   Plan p;
   p.cfg_ = cfg;
   p.phase_ = Phase::kDecode;

@@ -121,6 +121,8 @@ std::vector<BadCase> plan_cases() {
       {"BlockSizeNot128", ErrorKind::kValue, {pf, "'block_size'", "got 64"},
        prefill_with([](C& c, S&) { c.block_size = 64; })},
       {"TopkNegative", ErrorKind::kValue, {pf, "'topk'"}, prefill_with([](C& c, S&) { c.topk = -1; })},
+      {"TopkPastEveryBlock", ErrorKind::kValue, {pf, "'topk'", "0..16777216"},
+       prefill_with([](C& c, S&) { c.topk = (1 << 24) + 1; })},
       {"MaxSplitsNegative", ErrorKind::kValue, {pf, "'max_splits'"}, prefill_with([](C&, S& s) { s.max_splits = -1; })},
       {"FixedSplitBlocksNegative", ErrorKind::kValue, {pf, "'fixed_split_blocks'"},
        prefill_with([](C&, S& s) { s.fixed_split_blocks = -2; })},
@@ -138,6 +140,11 @@ std::vector<BadCase> plan_cases() {
       {"DecodeMaxQoLenAbove16", ErrorKind::kValue, {pd, "'max_qo_len'", "got 17"}, decode_with(2, 17, 100)},
       {"DecodeMaxQoLenZero", ErrorKind::kValue, {pd, "'max_qo_len'"}, decode_with(2, 0, 100)},
       {"DecodeMaxKvLenZero", ErrorKind::kValue, {pd, "'max_kv_len'"}, decode_with(2, 1, 0)},
+      {"DecodeMaxKvLenPastInt32", ErrorKind::kValue, {pd, "'max_kv_len'"}, decode_with(2, 1, int64_t{1} << 31)},
+      {"DecodeTokensPastInt32", ErrorKind::kValue, {pd, "'batch_size' x 'max_qo_len'"},
+       decode_with(1 << 28, 16, 100)},
+      {"PrefillTokensPastInt32", ErrorKind::kValue, {pf, "'qo_lens'", "below 2^31"},
+       prefill_lengths({1 << 30, 1 << 30}, {1 << 30, 1 << 30})},
   };
 }
 
@@ -550,6 +557,10 @@ std::vector<BadCase> select_cases() {
       {"ForcedAboveTopk", Vk, {fn, "'force_begin'", "topk = 4"}, select([](SelectArgs& a) {
          a.force_begin = 3;
          a.force_end = 2;
+       })},
+      {"ForcedSumPastInt32", Vk, {fn, "'force_begin'", "got 2147483648"}, select([](SelectArgs& a) {
+         a.force_begin = INT32_MAX;
+         a.force_end = 1;
        })},
       {"OutTopk", Vk, {fn, "'out'", "topk"}, select([](SelectArgs& a) { a.out = with_size(a.out, 2, 3); })},
       {"OutHeads", Vk, {fn, "'out'", "num_heads"}, select([](SelectArgs& a) { a.out = with_size(a.out, 1, 1); })},
