@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 
 namespace msa::cli {
 
@@ -15,8 +16,14 @@ template <typename Int>
 Int parse_int(std::string_view opt, std::string_view text, Int lo, Int hi) {
   Int v{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    throw UsageError("option " + std::string(opt) + ": expected an integer, got '" + std::string(text) + "'");
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    std::ostringstream os;  // out of Int's range reads as a range error, a non-number as what it is
+    if (ec == std::errc::result_out_of_range || (std::is_unsigned_v<Int> && text.front() == '-'))
+      os << "option " << opt << ": expected " << lo << ".." << hi << ", got " << text;
+    else
+      os << "option " << opt << ": expected an integer, got '" << text << "'";
+    throw UsageError(os.str());
+  }
   if (v < lo || v > hi) {
     std::ostringstream os;
     os << "option " << opt << ": expected " << lo << ".." << hi << ", got " << v;
