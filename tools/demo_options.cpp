@@ -18,7 +18,7 @@ Int parse_int(std::string_view opt, std::string_view text, Int lo, Int hi) {
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
     std::ostringstream os;  // out of Int's range reads as a range error, a non-number as what it is
-    if (ec == std::errc::result_out_of_range || (std::is_unsigned_v<Int> && text.front() == '-'))
+    if (ec == std::errc::result_out_of_range || (std::is_unsigned_v<Int> && !text.empty() && text.front() == '-'))
       os << "option " << opt << ": expected " << lo << ".." << hi << ", got " << text;
     else
       os << "option " << opt << ": expected an integer, got '" << text << "'";

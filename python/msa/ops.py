@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 
 import numpy as np
 
@@ -298,10 +299,13 @@ def _layer_step(fn: str, step: str, **renamed):
         msg = str(e)
         if not msg.startswith(step + ": "):
             raise
-        msg = f"{fn} ({step[4:]} step): " + msg[len(step) + 2:]
+        msg = msg[len(step) + 2:]
         for inner, outer in renamed.items():
             msg = msg.replace(f"argument '{inner}'", f"argument '{outer}'")
-        raise type(e)(msg) from None
+        # The step's own names left in the text (e.g. "the dtype of q", "out holds"), translated once at the end.
+        legend = [f"{inner} is {outer}" for inner, outer in renamed.items() if re.search(rf"\b{inner}\b", msg)]
+        suffix = f" (in the {step[4:]} step, {', '.join(legend)})" if legend else ""
+        raise type(e)(f"{fn} ({step[4:]} step): {msg}{suffix}") from None
 
 
 def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_table, qo_indptr, kv_lens, *,
@@ -364,7 +368,7 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
                               page_indptr=page_indptr, k_scale=k_index_scale,
                               max_blocks=None if scores is not None else max_blocks, layout=score_layout,
                               causal=plan.causal, out=scores, validate=validate, stream=stream)
-    with _layer_step(fn, "msa.select_topk", out="block_idx", layout="score_layout", topk="plan"):
+    with _layer_step(fn, "msa.select_topk", out="block_idx", layout="score_layout", topk="plan.topk"):
         block_idx = select_topk(scores, qo_indptr, kv_lens, plan.topk, qo_offset=qo_offset, layout=score_layout,
                                 force_begin=force_begin, force_end=force_end, causal=plan.causal, out=block_idx,
                                 validate=validate, stream=stream)

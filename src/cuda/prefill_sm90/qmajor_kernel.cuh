@@ -152,11 +152,16 @@ __device__ __forceinline__ void qmajor_scheduler(const QMajorParams& p, QMajorSm
         ti.nblocks = min(max(count, 0), p.lists.capacity);
         if (lane < ti.nblocks) e = AheadEntry{x.x, -1, static_cast<uint32_t>(x.y)};
       } else {
-        // Blocks past the page table have no page (invisible): the list ends there too, so that a device kv_len
-        // far past the plan's (a caller error) cannot stretch a tile over millions of empty blocks.
+        // Blocks past the request's page-table row have no page (invisible): the list ends there too, so that a
+        // device kv_len far past the plan's (a caller error) cannot stretch a tile over millions of empty blocks.
+        int64_t row_pages = p.pages.row_capacity;  // dense form: a row's entries; flat form: the request's slice
+        if (p.pages.indptr) {
+          const int64_t a = clamp64(p.pages.indptr[c.request], 0, p.pages.row_capacity);
+          row_pages = clamp64(p.pages.indptr[c.request + 1], a, p.pages.row_capacity) - a;
+        }
         const int32_t last = min((c.chunk + 1) * tile_tokens, v.qo_len) - 1;
         ti.nblocks = static_cast<int32_t>(min(static_cast<int64_t>(num_kv_blocks(visible_key_end(v, last, p.causal))),
-                                              p.pages.row_capacity * p.page_blocks));
+                                              row_pages * p.page_blocks));
         if (lane < ti.nblocks) e = AheadEntry{lane, -1, ~0u};
       }
       break;

@@ -22,7 +22,8 @@ struct DeviceInfo {
   int cc = 0;
   bool known = false;
 };
-const DeviceInfo& info(int device) {
+// By value: a later query of a higher ordinal resizes the cache (another thread's reference would dangle).
+DeviceInfo info(int device) {
   static std::mutex mu;
   static std::vector<DeviceInfo> cache;
   std::lock_guard<std::mutex> lock(mu);
