@@ -52,6 +52,18 @@ def sm_scale_value(fn: str, sm_scale) -> float:
     return scale
 
 
+_MAX_TOPK = 1 << 20  # select_topk's and merge_candidates' bound (core/dispatch.cpp, selection_args)
+
+
+def topk_value(fn: str, topk) -> int:
+    """topk of select_topk / merge_candidates as an int in the C++ entry points' range, checked before an output
+    [T, H, topk] is allocated."""
+    k = integer(fn, "topk", topk)
+    if not 1 <= k <= _MAX_TOPK:
+        raise ValueError(f"{fn}: argument 'topk': expected 1..{_MAX_TOPK}, got {k}")
+    return k
+
+
 def required(fn: str, **tensors) -> None:
     """Each named argument must be given (not None); the C++ entry points word it the same way."""
     for name, value in tensors.items():

@@ -14,27 +14,17 @@ import re
 import numpy as np
 
 from . import _C
-from ._args import integer, real, required, sm_scale_value
+from ._args import integer, real, required, sm_scale_value, topk_value
 from ._framework import cpu_ints, host_max, new_output, resolve_stream, torch_of
 
 BLOCK = 128  # tokens per selectable block (the contract's fixed block size)
 _LAYOUTS = ("HKT", "THK")
-_MAX_TOPK = 1 << 20  # select_topk's and merge_candidates' bound (core/dispatch.cpp, selection_args)
 
 
 def _dim(x, i: int) -> int:
     """x.shape[i], or 0 when x has too few dimensions (the C++ checks then report the rank)."""
     shape = getattr(x, "shape", ())
     return int(shape[i]) if len(shape) > i else 0
-
-
-def _topk(fn: str, topk) -> int:
-    """topk as an int in the C++ entry points' range (core/dispatch.cpp, selection_args), checked before the
-    output [T, H, topk] is allocated."""
-    k = integer(fn, "topk", topk)
-    if not 1 <= k <= _MAX_TOPK:
-        raise ValueError(f"{fn}: argument 'topk': expected 1..{_MAX_TOPK}, got {k}")
-    return k
 
 
 def _layout(fn: str, layout, name: str = "layout") -> str:
@@ -178,7 +168,7 @@ def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT
     fn = "msa.select_topk"
     required(fn, scores=scores, qo_indptr=qo_indptr, kv_lens=kv_lens)
     _layout(fn, layout)
-    topk = _topk(fn, topk)
+    topk = topk_value(fn, topk)
     if out is None or (out_scores is None and return_scores):
         T, H = (_dim(scores, 2), _dim(scores, 0)) if layout == "HKT" else (_dim(scores, 0), _dim(scores, 1))
         if out is None:
@@ -214,7 +204,7 @@ def merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk, max_blocks
     """
     fn = "msa.merge_candidates"
     required(fn, cand_scores=cand_scores, cand_ids=cand_ids, qo_indptr=qo_indptr, kv_lens=kv_lens)
-    topk = _topk(fn, topk)
+    topk = topk_value(fn, topk)
     if out is None:
         out = new_output(fn, "out", cand_scores, "cand_scores", (_dim(cand_scores, 1), _dim(cand_scores, 2),
                                                                 max(topk, 0)), "int32")

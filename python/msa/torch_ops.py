@@ -40,7 +40,7 @@ from ._framework import require_torch
 torch = require_torch("msa.torch_ops", "registers msa's entry points as torch custom ops")
 
 from . import ops as _msa  # noqa: E402
-from ._args import real  # noqa: E402
+from ._args import real, topk_value  # noqa: E402
 from .plan import Plan  # noqa: E402
 
 _plans: dict[int, Plan] = {}
@@ -244,6 +244,7 @@ def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT
                 causal=True, finite_only=False, block_map=None, out=None, out_scores=None, return_scores=False,
                 validate=False):
     """msa.select_topk for torch tensors."""
+    topk = topk_value("msa.torch_ops.select_topk", topk)  # checked before the outputs are allocated
     if out is None or (out_scores is None and return_scores):
         T, H = (scores.shape[2], scores.shape[0]) if layout == "HKT" else (scores.shape[0], scores.shape[1])
         if out is None:
@@ -263,6 +264,7 @@ def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT
 def merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk, max_blocks, *, qo_offset=None, force_begin=0,
                      force_end=1, causal=True, out=None, validate=False):
     """msa.merge_candidates for torch tensors."""
+    topk = topk_value("msa.torch_ops.merge_candidates", topk)  # checked before the output is allocated
     if out is None:
         out = cand_scores.new_empty((cand_scores.shape[1], cand_scores.shape[2], topk), dtype=torch.int32)
     if not _direct(cand_scores):
