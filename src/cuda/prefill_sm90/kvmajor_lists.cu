@@ -24,8 +24,9 @@ namespace {
 constexpr int kEntryThreads = 128;
 constexpr int kScanThreads = 256;
 constexpr int kMergeThreads = 256;
-// CTAs of the list passes (rank, fill), which stride over the tiles: ~2 waves of 132 SMs, so that
-// runs where few or no tiles go KV-major cost a few microseconds instead of one CTA a tile.
+// CTAs of the list passes (rank, fill), which stride over the tiles: about one wave of 132 SMs (16 CTAs of 128
+// threads a SM at their 32-36 registers), so that runs where few or no tiles go KV-major cost a few microseconds
+// instead of one CTA a tile.
 constexpr int kStrideGrid = 2048;
 
 __device__ __forceinline__ bool kv_major_tile(const KvListParams& p, int32_t tile) {
