@@ -57,7 +57,7 @@ struct TileConfig {
   static constexpr int kWarpKeys = kKeys / kKeyGroups;         // keys per warp per tile (multiple of 16)
   static constexpr int kTilesPerBlock = kBlock / kKeys;
   static constexpr int kChunksPerRow = D * 2 / 16;             // 16-byte chunks per K/V/Q row (2-byte types)
-  // 3 stages keep 2 CTAs per SM (1 CTA with 4-6 stages measured 1.6-1.9x slower: see docs/decode.md).
+  // 3 stages keep 2 CTAs per SM (1 CTA with 4-6 stages measured slower at B >= 32: docs/decode.md, alternatives).
   static constexpr int kMaxStages = D == 64 ? 4 : 3;
   // Q fragments live in registers for D <= 128 at one m-tile a warp (32 registers at D=128); at D=256 they
   // would take 64 and push the 128-register O accumulator into spills, so Q stays in shared memory there, as
