@@ -19,6 +19,7 @@ from ._framework import cpu_ints, host_max, new_output, resolve_stream, torch_of
 
 BLOCK = 128  # tokens per selectable block (the contract's fixed block size)
 _LAYOUTS = ("HKT", "THK")
+_MAX_ROW_BLOCKS = 1 << 24  # the blocks of the longest int32 kv_len
 
 
 def _dim(x, i: int) -> int:
@@ -120,8 +121,9 @@ def block_scores(q, k_index, page_table, qo_indptr, kv_lens, *, qo_offset=None, 
         if max_blocks is None:  # a negative length is reported by the C++ checks, by its name
             max_blocks = math.ceil(max(host_max(fn, "kv_lens", kv_lens, "max_blocks= or out="), 0) / BLOCK)
         nb = integer(fn, "max_blocks", max_blocks)
-        if nb < 0:
-            raise ValueError(f"{fn}: argument 'max_blocks': expected >= 0, got {nb}")
+        if not 0 <= nb <= _MAX_ROW_BLOCKS:  # checked before the output is allocated
+            raise ValueError(f"{fn}: argument 'max_blocks': expected 0..{_MAX_ROW_BLOCKS} (ceil(2^31 / 128)), "
+                             f"got {nb}")
         T, H = _dim(q, 0), _dim(q, 1)
         out = new_output(fn, "out", q, "q", (H, nb, T) if layout == "HKT" else (T, H, nb), "float32")
     elif max_blocks is not None:

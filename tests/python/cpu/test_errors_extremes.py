@@ -67,6 +67,8 @@ def test_indexer_extremes(prob):
         msa.block_scores(q, k, pt, qi, kl.astype(np.float64))
     with pytest.raises(ValueError, match=r"^msa.block_scores: argument 'kv_lens': expected >= 0"):
         msa.block_scores(q, k, pt, qi, np.array([-200, 140], np.int32))
+    with pytest.raises(ValueError, match=r"^msa.block_scores: argument 'max_blocks': expected 0..16777216"):
+        msa.block_scores(q, k, pt, qi, kl, max_blocks=2**31 - 1)  # refused before a [H, max_blocks, T] output
     scores = msa.block_scores(q, k, pt, qi, kl, layout="THK")
     with pytest.raises(ValueError, match=r"^msa.select_topk: argument 'topk': expected 1..1048576"):
         msa.select_topk(scores, qi, kl, 2**31 - 1, layout="THK")  # refused before a [T, H, topk] output exists
