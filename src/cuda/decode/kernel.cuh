@@ -7,8 +7,8 @@
 //     from the device (nothing here trusts a value: lengths, indptr, pages and blocks are bounded);
 //  2. start the Q tile load (cp.async), build the tile's block list (sparse: union of the tokens'
 //     valid entries, sorted, with a token mask per block; dense: blocks 0 .. ceil(kv_hi/128)-1, ending
-//     with the page-table row) and take this split's contiguous range of it (decode reads the block indexes of a guessed token
-//     row together with qo_indptr, so that the two dependent reads overlap);
+//     with the page-table row) and take this split's contiguous range of it (decode reads the block
+//     indexes of a guessed token row together with qo_indptr, so that the two dependent reads overlap);
 //  3. stream the range's key tiles through a multi-stage cp.async pipeline: one thread per key
 //     resolves the key's page through the page table one tile ahead of its load, into a ring of
 //     offsets; invisible keys (past the causal frontier or kv_len, bad page) are zero-filled;
