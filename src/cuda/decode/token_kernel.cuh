@@ -648,15 +648,15 @@ __global__ void __launch_bounds__(kTokenThreads, 2) token_decode_kernel(const __
   T* og = static_cast<T*>(p.o) + q0 * p.o_stride_token + static_cast<int64_t>(g) * G * p.o_stride_head;
   float* lseg = p.lse ? p.lse + q0 * p.lse_stride_token + static_cast<int64_t>(g) * G * p.lse_stride_head : nullptr;
   // This thread's o fragments of rows below `rows`: pair(r, j, n, col) for each pair of adjacent columns (o[n][2j],
-  // o[n][2j + 1]), then row_lse(r, j) on the one thread that writes row r's lse.
-  const auto for_each_fragment = [&](int rows, auto&& pair, auto&& row_lse) {
+  // o[n][2j + 1]), then lse_once(r, j) on the one thread that writes row r's lse.
+  const auto for_each_fragment = [&](int rows, auto&& pair, auto&& lse_once) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = row0 + 8 * j;
       if (r >= rows) continue;
 #pragma unroll
       for (int n = 0; n < 4; ++n) pair(r, j, n, warp * 32 + n * 8 + 2 * (lane & 3));
-      if (warp == 0 && (lane & 3) == 0) row_lse(r, j);
+      if (warp == 0 && (lane & 3) == 0) lse_once(r, j);
     }
   };
   if (!kF8 && S == 1) {
