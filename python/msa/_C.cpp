@@ -123,6 +123,12 @@ class Call {
 
   // An input the call only reads; None is an absent view.
   msa::TensorView in(nb::handle obj, const char* name) { return import(obj, name, /*writable=*/false); }
+  // An input or output the call cannot do without: None is refused, naming it (the bindings take None for it, so
+  // that this message, not nanobind's signature list, is what the caller reads).
+  msa::TensorView need(nb::handle obj, const char* name, bool writable = false) {
+    if (obj.is_none()) MSA_FAIL(kValue, fn_, ": argument '", name, "' is required");
+    return import(obj, name, writable);
+  }
   // An output the call writes; None is an absent view (optional outputs such as lse).
   msa::TensorView out(nb::handle obj, const char* name) { return import(obj, name, /*writable=*/true); }
 
@@ -399,9 +405,9 @@ void bind_ops(nb::module_& m) {
          nb::handle o, nb::handle lse, float sm_scale, bool validate, int64_t stream, float q_scale, float k_scale,
          float v_scale) {
         Call call("msa.attention");
-        const msa::TensorView q_v = call.in(q, "q"), k_v = call.in(k, "k_cache"), v_v = call.in(v, "v_cache");
-        const msa::PageTable pages{call.in(page_table, "page_table"), call.in(page_indptr, "page_indptr")};
-        const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
+        const msa::TensorView q_v = call.need(q, "q"), k_v = call.need(k, "k_cache"), v_v = call.need(v, "v_cache");
+        const msa::PageTable pages{call.need(page_table, "page_table"), call.in(page_indptr, "page_indptr")};
+        const msa::Sequences seqs{call.need(qo_indptr, "qo_indptr"), call.need(kv_lens, "kv_lens"),
                                   call.in(qo_offset, "qo_offset")};
         const msa::TensorView bi = call.in(block_idx, "block_idx");
         const msa::TensorView o_v = call.out(o, "out"), lse_v = call.out(lse, "lse");
@@ -409,8 +415,8 @@ void bind_ops(nb::module_& m) {
         nb::gil_scoped_release nogil;
         msa::attention(plan, q_v, k_v, v_v, pages, seqs, bi, o_v, lse_v, opts);
       },
-      "plan"_a, "q"_a, "k_cache"_a, "v_cache"_a, "page_table"_a, "page_indptr"_a.none(), "qo_indptr"_a,
-      "kv_lens"_a, "qo_offset"_a.none(), "block_idx"_a.none(), "out"_a, "lse"_a.none(), "sm_scale"_a,
+      "plan"_a, "q"_a.none(), "k_cache"_a.none(), "v_cache"_a.none(), "page_table"_a.none(), "page_indptr"_a.none(),
+      "qo_indptr"_a.none(), "kv_lens"_a.none(), "qo_offset"_a.none(), "block_idx"_a.none(), "out"_a, "lse"_a.none(), "sm_scale"_a,
       "validate"_a, "stream"_a = 0, "q_scale"_a = 1.0f, "k_scale"_a = 1.0f, "v_scale"_a = 1.0f,
       "Binding of msa::attention; use msa.attention.");
 
@@ -422,17 +428,18 @@ void bind_ops(nb::module_& m) {
         const char* fn = "msa.block_scores";
         Call call(fn);
         const msa::ScoreLayout lay = parse_layout(fn, layout);
-        const msa::TensorView q_v = call.in(q, "q"), k_v = call.in(k_index, "k_index");
+        const msa::TensorView q_v = call.need(q, "q"), k_v = call.need(k_index, "k_index");
         const msa::TensorView ks_v = call.in(k_scale, "k_scale");
-        const msa::PageTable pages{call.in(page_table, "page_table"), call.in(page_indptr, "page_indptr")};
-        const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
+        const msa::PageTable pages{call.need(page_table, "page_table"), call.in(page_indptr, "page_indptr")};
+        const msa::Sequences seqs{call.need(qo_indptr, "qo_indptr"), call.need(kv_lens, "kv_lens"),
                                   call.in(qo_offset, "qo_offset")};
         const msa::TensorView out_v = call.out(out, "out");
         const msa::RunOptions opts{0.0f, call.stream(stream, q, q_v), validate};
         nb::gil_scoped_release nogil;
         msa::block_scores(q_v, k_v, ks_v, pages, seqs, out_v, lay, causal, opts);
       },
-      "q"_a, "k_index"_a, "k_scale"_a.none(), "page_table"_a, "page_indptr"_a.none(), "qo_indptr"_a, "kv_lens"_a,
+      "q"_a.none(), "k_index"_a.none(), "k_scale"_a.none(), "page_table"_a.none(), "page_indptr"_a.none(),
+      "qo_indptr"_a.none(), "kv_lens"_a.none(),
       "qo_offset"_a.none(), "out"_a, "layout"_a, "causal"_a, "validate"_a, "stream"_a = 0,
       "Binding of msa::block_scores; use msa.block_scores.");
 
@@ -444,8 +451,8 @@ void bind_ops(nb::module_& m) {
         const char* fn = "msa.select_topk";
         Call call(fn);
         const msa::ScoreLayout lay = parse_layout(fn, layout);
-        const msa::TensorView s_v = call.in(scores, "scores");
-        const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
+        const msa::TensorView s_v = call.need(scores, "scores");
+        const msa::Sequences seqs{call.need(qo_indptr, "qo_indptr"), call.need(kv_lens, "kv_lens"),
                                   call.in(qo_offset, "qo_offset")};
         const msa::TensorView out_v = call.out(out, "out");
         const msa::SelectTopkOptions select{finite_only, call.in(block_map, "block_map"),
@@ -454,7 +461,7 @@ void bind_ops(nb::module_& m) {
         nb::gil_scoped_release nogil;
         msa::select_topk(s_v, lay, seqs, topk, force_begin, force_end, out_v, causal, opts, select);
       },
-      "scores"_a, "qo_indptr"_a, "kv_lens"_a, "topk"_a, "qo_offset"_a.none(), "layout"_a, "force_begin"_a,
+      "scores"_a.none(), "qo_indptr"_a.none(), "kv_lens"_a.none(), "topk"_a, "qo_offset"_a.none(), "layout"_a, "force_begin"_a,
       "force_end"_a, "causal"_a, "out"_a, "validate"_a, "stream"_a = 0, "finite_only"_a = false,
       "block_map"_a.none() = nb::none(), "out_scores"_a.none() = nb::none(),
       "Binding of msa::select_topk; use msa.select_topk.");
@@ -465,15 +472,16 @@ void bind_ops(nb::module_& m) {
          int max_blocks, int topk, int force_begin, int force_end, bool causal, nb::handle out, bool validate,
          int64_t stream) {
         Call call("msa.merge_candidates");
-        const msa::TensorView s_v = call.in(cand_scores, "cand_scores"), i_v = call.in(cand_ids, "cand_ids");
-        const msa::Sequences seqs{call.in(qo_indptr, "qo_indptr"), call.in(kv_lens, "kv_lens"),
+        const msa::TensorView s_v = call.need(cand_scores, "cand_scores"), i_v = call.need(cand_ids, "cand_ids");
+        const msa::Sequences seqs{call.need(qo_indptr, "qo_indptr"), call.need(kv_lens, "kv_lens"),
                                   call.in(qo_offset, "qo_offset")};
         const msa::TensorView out_v = call.out(out, "out");
         const msa::RunOptions opts{0.0f, call.stream(stream, cand_scores, s_v), validate};
         nb::gil_scoped_release nogil;
         msa::merge_candidates(s_v, i_v, seqs, max_blocks, topk, force_begin, force_end, out_v, causal, opts);
       },
-      "cand_scores"_a, "cand_ids"_a, "qo_indptr"_a, "kv_lens"_a, "qo_offset"_a.none(), "max_blocks"_a, "topk"_a,
+      "cand_scores"_a.none(), "cand_ids"_a.none(), "qo_indptr"_a.none(), "kv_lens"_a.none(), "qo_offset"_a.none(),
+      "max_blocks"_a, "topk"_a,
       "force_begin"_a, "force_end"_a, "causal"_a, "out"_a, "validate"_a, "stream"_a = 0,
       "Binding of msa::merge_candidates; use msa.merge_candidates.");
 
@@ -481,13 +489,13 @@ void bind_ops(nb::module_& m) {
       "merge_states",
       [](nb::handle v_parts, nb::handle lse_parts, nb::handle out, nb::handle lse_out, int64_t stream) {
         Call call("msa.merge_states");
-        const msa::TensorView v_v = call.in(v_parts, "v_parts"), l_v = call.in(lse_parts, "lse_parts");
+        const msa::TensorView v_v = call.need(v_parts, "v_parts"), l_v = call.need(lse_parts, "lse_parts");
         const msa::TensorView o_v = call.out(out, "out"), lo_v = call.out(lse_out, "lse_out");
         const msa::RunOptions opts{0.0f, call.stream(stream, v_parts, v_v), false};
         nb::gil_scoped_release nogil;
         msa::merge_states(v_v, l_v, o_v, lo_v, opts);
       },
-      "v_parts"_a, "lse_parts"_a, "out"_a, "lse_out"_a.none(), "stream"_a = 0,
+      "v_parts"_a.none(), "lse_parts"_a.none(), "out"_a, "lse_out"_a.none(), "stream"_a = 0,
       "Binding of msa::merge_states; use msa.merge_states.");
 
   m.def(
@@ -495,15 +503,15 @@ void bind_ops(nb::module_& m) {
       [](nb::handle req_to_token, nb::handle req_pool_indices, nb::handle seq_lens, int page_size, nb::handle out,
          bool validate, int64_t stream) {
         Call call("msa.build_page_table");
-        const msa::TensorView r_v = call.in(req_to_token, "req_to_token");
-        const msa::TensorView i_v = call.in(req_pool_indices, "req_pool_indices");
-        const msa::TensorView s_v = call.in(seq_lens, "seq_lens");
+        const msa::TensorView r_v = call.need(req_to_token, "req_to_token");
+        const msa::TensorView i_v = call.need(req_pool_indices, "req_pool_indices");
+        const msa::TensorView s_v = call.need(seq_lens, "seq_lens");
         const msa::TensorView o_v = call.out(out, "out");
         const msa::RunOptions opts{0.0f, call.stream(stream, req_to_token, r_v), validate};
         nb::gil_scoped_release nogil;
         msa::build_page_table(r_v, i_v, s_v, page_size, o_v, opts);
       },
-      "req_to_token"_a, "req_pool_indices"_a, "seq_lens"_a, "page_size"_a, "out"_a, "validate"_a = false,
+      "req_to_token"_a.none(), "req_pool_indices"_a.none(), "seq_lens"_a.none(), "page_size"_a, "out"_a, "validate"_a = false,
       "stream"_a = 0,
       "Binding of msa::build_page_table; use msa.build_page_table.");
 
@@ -512,13 +520,13 @@ void bind_ops(nb::module_& m) {
       [](nb::handle src, nb::handle cache, nb::handle slot_ids, float scale, nb::handle slot_scale, bool validate,
          int64_t stream) {
         Call call("msa.write_cache");
-        const msa::TensorView src_v = call.in(src, "src"), ids_v = call.in(slot_ids, "slot_ids");
-        const msa::TensorView cache_v = call.out(cache, "cache"), ss_v = call.out(slot_scale, "slot_scale");
+        const msa::TensorView src_v = call.need(src, "src"), ids_v = call.need(slot_ids, "slot_ids");
+        const msa::TensorView cache_v = call.need(cache, "cache", /*writable=*/true), ss_v = call.out(slot_scale, "slot_scale");
         const msa::RunOptions opts{0.0f, call.stream(stream, src, src_v), validate};
         nb::gil_scoped_release nogil;
         msa::write_cache(src_v, cache_v, ids_v, scale, ss_v, opts);
       },
-      "src"_a, "cache"_a, "slot_ids"_a, "scale"_a, "slot_scale"_a.none(), "validate"_a, "stream"_a = 0,
+      "src"_a.none(), "cache"_a.none(), "slot_ids"_a.none(), "scale"_a, "slot_scale"_a.none(), "validate"_a, "stream"_a = 0,
       "Binding of msa::write_cache; use msa.write_cache.");
 
   m.def(

@@ -29,6 +29,8 @@ def real(fn: str, name: str, value) -> float:
     """value as a Python float (anything with __float__: ints, numpy scalars, one-element tensors; not bool).
     The range is checked by the C++ entry point, which names the argument too; a value beyond the float range
     (an int of 400 digits) is refused here."""
+    if type(value) is float:  # the common case, first
+        return value
     if isinstance(value, bool) or not hasattr(value, "__float__"):  # float() would also parse strings
         raise TypeError(f"{fn}: argument '{name}': expected a float, got {type(value).__name__}")
     try:
@@ -45,7 +47,7 @@ def sm_scale_value(fn: str, sm_scale) -> float:
     which must stay nonzero as a float32 (the C++ parameter's type: 1e-300 would become 0, the default)."""
     if sm_scale is None:
         return 0.0
-    scale = real(fn, "sm_scale", sm_scale)
+    scale = sm_scale if type(sm_scale) is float else real(fn, "sm_scale", sm_scale)
     if abs(scale) <= 2.0**-150:  # rounds to 0 in float32 (its smallest subnormal is 2^-149)
         raise ValueError(f"{fn}: argument 'sm_scale': expected a nonzero finite number representable in float32 "
                          f"(or None), got {sm_scale}")
@@ -63,12 +65,6 @@ def topk_value(fn: str, topk) -> int:
         raise ValueError(f"{fn}: argument 'topk': expected 1..{_MAX_TOPK}, got {k}")
     return k
 
-
-def required(fn: str, **tensors) -> None:
-    """Each named argument must be given (not None); the C++ entry points word it the same way."""
-    for name, value in tensors.items():
-        if value is None:
-            raise ValueError(f"{fn}: argument '{name}' is required")
 
 
 def host_lengths(fn: str, name: str, values) -> np.ndarray:

@@ -52,6 +52,8 @@ def new_output(fn: str, name: str, like, like_name: str, shape, dtype: str):
     `like` from ml_dtypes gives an ml_dtypes bfloat16 output); torch inputs give torch outputs on
     like's device. Other frameworks cannot be allocated for: the caller passes the output.
     """
+    if like is None:
+        raise ValueError(f"{fn}: argument '{like_name}' is required")
     shape = tuple(int(s) for s in shape)
     if isinstance(like, np.ndarray):
         return np.empty(shape, like.dtype if dtype == "like" else np.dtype(dtype))
@@ -100,6 +102,8 @@ def resolve_stream(fn: str, stream, like) -> int:
 def host_max(fn: str, name: str, x, instead: str) -> int:
     """max(x) of a small int32 tensor read on the host (0 when empty). A CUDA tensor is refused,
     because reading it would wait on the device; `instead` says which argument avoids the read."""
+    if x is None:
+        raise ValueError(f"{fn}: argument '{name}' is required")
     torch = torch_of(x)
     if torch is not None:
         if x.device.type != "cpu":

@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from . import _C
-from ._args import integer, real, required, sm_scale_value, topk_value
+from ._args import integer, real, sm_scale_value, topk_value
 from ._framework import cpu_ints, host_max, new_output, resolve_stream, torch_of
 
 BLOCK = 128  # tokens per selectable block (the contract's fixed block size)
@@ -79,7 +79,6 @@ def attention(plan, q, k_cache, v_cache, page_table, qo_indptr, kv_lens, *, bloc
     if not isinstance(plan, _C.Plan):
         raise TypeError(f"{fn}: argument 'plan': expected an msa.Plan from plan_prefill or plan_decode, "
                         f"got {type(plan).__name__}")
-    required(fn, q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, qo_indptr=qo_indptr, kv_lens=kv_lens)
     scale = sm_scale_value(fn, sm_scale)
     total_q = _dim(q, 0)
     if out is None:
@@ -115,7 +114,6 @@ def block_scores(q, k_index, page_table, qo_indptr, kv_lens, *, qo_offset=None, 
         scores, fp32 in `layout`.
     """
     fn = "msa.block_scores"
-    required(fn, q=q, k_index=k_index, page_table=page_table, qo_indptr=qo_indptr, kv_lens=kv_lens)
     _layout(fn, layout)
     if out is None:
         if max_blocks is None:  # a negative length is reported by the C++ checks, by its name
@@ -168,7 +166,6 @@ def select_topk(scores, qo_indptr, kv_lens, topk, *, qo_offset=None, layout="HKT
         block_idx, int32 [T, H, topk]; (block_idx, out_scores) with return_scores.
     """
     fn = "msa.select_topk"
-    required(fn, scores=scores, qo_indptr=qo_indptr, kv_lens=kv_lens)
     _layout(fn, layout)
     topk = topk_value(fn, topk)
     if out is None or (out_scores is None and return_scores):
@@ -205,7 +202,6 @@ def merge_candidates(cand_scores, cand_ids, qo_indptr, kv_lens, topk, max_blocks
         block_idx, int32 [T, H, topk], ascending with -1 at the tail.
     """
     fn = "msa.merge_candidates"
-    required(fn, cand_scores=cand_scores, cand_ids=cand_ids, qo_indptr=qo_indptr, kv_lens=kv_lens)
     topk = topk_value(fn, topk)
     if out is None:
         out = new_output(fn, "out", cand_scores, "cand_scores", (_dim(cand_scores, 1), _dim(cand_scores, 2),
@@ -234,7 +230,6 @@ def merge_states(v_parts, lse_parts, *, out=None, lse_out=None, return_lse=False
         o, or (o, lse) when return_lse.
     """
     fn = "msa.merge_states"
-    required(fn, v_parts=v_parts, lse_parts=lse_parts)
     T, H, D = _dim(v_parts, 1), _dim(v_parts, 2), _dim(v_parts, 3)
     if out is None:
         out = new_output(fn, "out", v_parts, "v_parts", (T, H, D), "like")
@@ -267,7 +262,6 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, page_size, *, max
         page_table, int32 [B, max_pages].
     """
     fn = "msa.build_page_table"
-    required(fn, req_to_token=req_to_token, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
     page_size = integer(fn, "page_size", page_size)
     if out is None:
         if max_pages is None:
@@ -329,14 +323,15 @@ def sparse_attention_layer(plan, q, k_cache, v_cache, q_index, k_index, page_tab
     fn = "msa.sparse_attention_layer"
     if not isinstance(plan, _C.Plan):
         raise TypeError(f"{fn}: argument 'plan': expected an msa.Plan, got {type(plan).__name__}")
-    required(fn, q=q, k_cache=k_cache, v_cache=v_cache, q_index=q_index, k_index=k_index, page_table=page_table,
-             qo_indptr=qo_indptr, kv_lens=kv_lens)
+    if q is None or k_cache is None or v_cache is None:  # the attention step's own, refused before the indexer runs
+        name = "q" if q is None else "k_cache" if k_cache is None else "v_cache"
+        raise ValueError(f"{fn}: argument '{name}' is required")
     if plan.topk <= 0:
         raise ValueError(f"{fn}: argument 'plan': expected a sparse plan (topk > 0), got topk = {plan.topk}")
     if _dim(q_index, 1) != plan.num_kv_heads:
         raise ValueError(f"{fn}: argument 'q_index': expected [total_q, num_kv_heads = {plan.num_kv_heads}, D] "
                          f"(one index head per KV head), got shape {tuple(getattr(q_index, 'shape', ()))}")
-    if len(getattr(k_index, "shape", ())) != 4 or _dim(k_index, 2) != plan.page_size:
+    if k_index is not None and (len(getattr(k_index, "shape", ())) != 4 or _dim(k_index, 2) != plan.page_size):
         # k_index shares the page table with the KV cache: its pages must hold the plan's page_size tokens.
         raise ValueError(f"{fn}: argument 'k_index': expected [num_pages, num_k_heads, page_size = "
                          f"{plan.page_size}, D] (pages of the KV cache's page table), got shape "
@@ -404,7 +399,6 @@ def write_cache(src, cache, slot_ids, *, scale=None, slot_scale=None, validate=F
         stream: as for msa.attention.
     """
     fn = "msa.write_cache"
-    required(fn, src=src, cache=cache, slot_ids=slot_ids)
     if scale is None:
         value = 1.0
     else:

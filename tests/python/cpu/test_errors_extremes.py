@@ -32,6 +32,26 @@ def test_missing_tensors_are_named(prob, name):
         attention(prob, **{name: None})
 
 
+def test_missing_tensors_of_the_other_calls_are_named(prob):
+    q, k, pt, qi, kl = prob.q, prob.k_cache[:, :1], prob.page_table, prob.qo_indptr, prob.kv_lens
+    calls = {
+        "msa.block_scores": [lambda: msa.block_scores(q, None, pt, qi, kl, max_blocks=3),
+                             lambda: msa.block_scores(q, k, pt, qi, None, max_blocks=3),
+                             lambda: msa.block_scores(q, k, pt, qi, None)],
+        "msa.select_topk": [lambda: msa.select_topk(None, qi, kl, 2), lambda: msa.select_topk(
+            np.zeros((2, 3, 14), np.float32), None, kl, 2)],
+        "msa.merge_states": [lambda: msa.merge_states(None, np.zeros((1, 2, 2), np.float32)),
+                             lambda: msa.merge_states(np.zeros((1, 2, 2, 8), np.float32), None)],
+        "msa.write_cache": [lambda: msa.write_cache(np.zeros((1, 1, 8), np.float32), None, np.zeros(1, np.int32))],
+        "msa.build_page_table": [lambda: msa.build_page_table(np.zeros((2, 8), np.int32), None,
+                                                               np.zeros(2, np.int32), 4)],
+    }
+    for fn, fs in calls.items():
+        for f in fs:
+            with pytest.raises(ValueError, match=rf"^{fn}: argument '\w+' is required$"):
+                f()
+
+
 @pytest.mark.parametrize("sm_scale,exc,what", [(1e-300, ValueError, "representable in float32"),
                                                (-1e-46, ValueError, "representable in float32"),
                                                (10**400, ValueError, "beyond the float range"),
@@ -111,7 +131,8 @@ def test_layer_steps_speak_of_the_layer(rng):
         msa.sparse_attention_layer(*args, block_idx=np.zeros((3, 2, 5), np.int32))
     with pytest.raises(ValueError, match=r"^msa.sparse_attention_layer: argument 'score_layout'"):
         msa.sparse_attention_layer(*args, score_layout="XYZ")
-    with pytest.raises(ValueError, match=r"^msa.sparse_attention_layer: argument 'k_index' is required"):
+    with pytest.raises(ValueError, match=r"^msa.sparse_attention_layer \(block_scores step\): argument 'k_index' is "
+                       r"required"):
         msa.sparse_attention_layer(*args[:5], None, *args[6:])
     # The index keys share the KV cache's page table: pages of another size would map other tokens.
     with pytest.raises(ValueError, match=r"^msa.sparse_attention_layer: argument 'k_index': .*page_size = 128"):
