@@ -19,7 +19,7 @@ from ._framework import cpu_ints, host_max, new_output, resolve_stream, torch_of
 
 BLOCK = 128  # tokens per selectable block (the contract's fixed block size)
 _LAYOUTS = ("HKT", "THK")
-_MAX_ROW_BLOCKS = 1 << 24  # the blocks of the longest int32 kv_len
+_MAX_ROW_BLOCKS = 1 << 24  # kMaxRequestBlocks (core/params.h): the blocks of the longest int32 kv_len
 
 
 def _dim(x, i: int) -> int:

@@ -24,7 +24,6 @@ using namespace detail;
 namespace {
 
 constexpr int kBlock = 128;
-constexpr int kMaxRowBlocks = 1 << 24;  // ceil(2^31 / kBlock): the blocks of the longest int32 kv_len
 
 // Named lists: a braced list's backing array lives only as long as the list it initialises, so
 // choosing between two temporaries with ?: would leave the chosen one dangling.
@@ -417,8 +416,8 @@ void merge_candidates(const TensorView& cand_scores, const TensorView& cand_ids,
   MSA_CHECK(N * K <= INT32_MAX, kValue, fn, ": argument 'cand_scores': expected num_ranks x k < 2^31, got shape ",
             cand_scores.shape_str());
   // At most the blocks of the longest int32 kv_len (the CPU backend holds a row of max_blocks scores a worker).
-  MSA_CHECK(max_blocks >= 1 && max_blocks <= kMaxRowBlocks, kValue, fn, ": argument 'max_blocks': expected 1..",
-            kMaxRowBlocks, " (ceil(2^31 / 128)), got ", max_blocks);
+  MSA_CHECK(max_blocks >= 1 && max_blocks <= kMaxRequestBlocks, kValue, fn, ": argument 'max_blocks': expected 1..",
+            kMaxRequestBlocks, " (ceil(2^31 / 128)), got ", max_blocks);
   const int64_t B = seqs.kv_lens.defined() ? seqs.kv_lens.size(0) : 0;
   MSA_CHECK(B >= 1, kValue, fn, ": argument 'kv_lens': expected at least one request");
   MergeCandidatesParams p;

@@ -9,6 +9,10 @@ namespace msa::detail {
 
 enum class ScalarType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kF8E4M3 = 3 };
 
+// The blocks (128 keys each) of the longest request an int32 kv_len describes, ceil(2^31 / 128): the bound of a
+// row of block scores and of a plan's top-k.
+inline constexpr int kMaxRequestBlocks = 1 << 24;
+
 // Which physical page holds logical page p of request b.
 struct PageTableParams {
   const int32_t* table = nullptr;

@@ -22,9 +22,9 @@ void check_config(const char* fn, const AttentionConfig& c, const SplitOptions& 
   MSA_CHECK(c.page_size > 0, kValue, fn, ": argument 'page_size': expected > 0, got ", c.page_size);
   MSA_CHECK(c.block_size == 128, kValue, fn, ": argument 'block_size': expected 128 (the contract's block), got ",
             c.block_size);
-  // More slots than the blocks of the longest int32 kv_len (ceil(2^31 / 128)) select nothing more.
-  MSA_CHECK(c.topk >= 0 && c.topk <= (1 << 24), kValue, fn, ": argument 'topk': expected 0..", 1 << 24,
-            " (0: dense), got ", c.topk);
+  // More slots than the blocks of the longest request select nothing more.
+  MSA_CHECK(c.topk >= 0 && c.topk <= detail::kMaxRequestBlocks, kValue, fn, ": argument 'topk': expected 0..",
+            detail::kMaxRequestBlocks, " (0: dense), got ", c.topk);
   MSA_CHECK(s.max_splits >= 0, kValue, fn, ": argument 'max_splits': expected >= 0, got ", s.max_splits);
   MSA_CHECK(s.fixed_split_blocks >= 0, kValue, fn, ": argument 'fixed_split_blocks': expected >= 0, got ",
             s.fixed_split_blocks);
